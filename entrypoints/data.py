@@ -1,0 +1,189 @@
+"""Rows in, tokens out: load a dataset, check its schema, render the harmony chat format, tokenize.
+
+The same code runs in `toolkit data prepare` (once, before launch) and in the training container (when
+it receives raw rows). Labels are -100 everywhere except the assistant's own tokens (analysis + final
+channel, through the closing <|return|>): the loss trains exactly what the model must generate.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrypoints.settings import SAMPLE_DATASET, DataSettings
+
+SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
+IGNORE_INDEX = -100
+TOKENIZED_COLUMNS = ("input_ids", "labels")
+
+
+class DataError(Exception):
+    """Data that cannot be trained on; the message names the source and the rows."""
+
+
+@dataclass
+class PrepareReport:
+    rows_in: int = 0
+    bad_rows: list[tuple[int, str]] = field(default_factory=list)
+    dropped_overlong: int = 0
+    truncated: int = 0
+    lengths: list[int] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        lengths = sorted(self.lengths) or [0]
+        return {
+            "rows_in": self.rows_in,
+            "rows_out": len(self.lengths),
+            "bad_rows_skipped": len(self.bad_rows),
+            "overlong_dropped": self.dropped_overlong,
+            "overlong_truncated": self.truncated,
+            "tokens": sum(lengths),
+            "tokens_min": lengths[0],
+            "tokens_median": int(statistics.median(lengths)),
+            "tokens_p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))],
+            "tokens_max": lengths[-1],
+        }
+
+
+def load_rows(source: str | Path, split: str = "train"):
+    """A `datasets.Dataset` from the builtin sample, a local file/dir, or a hub id."""
+    import datasets
+
+    if str(source) == SAMPLE_DATASET:
+        return datasets.load_dataset("json", data_files=str(SAMPLE_PATH), split="train")
+    path = Path(source)
+    if path.is_dir() and any((path / marker).exists() for marker in ("state.json", "dataset_dict.json")):
+        loaded = datasets.load_from_disk(str(path))
+        return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    if path.exists():
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for kind, suffixes in (("json", (".jsonl", ".json")), ("parquet", (".parquet",))):
+            matching = [str(p) for p in files if p.suffix in suffixes]
+            if matching:
+                try:
+                    return datasets.load_dataset(kind, data_files=matching, split="train")
+                except Exception as exc:  # noqa: BLE001 - the library raises many kinds; all mean unreadable
+                    raise DataError(f"{source}: cannot read {kind} data: {_first_line(exc)}") from exc
+        raise DataError(f"{source}: no .jsonl, .json, .parquet or save_to_disk dataset found")
+    if str(source).startswith("s3://"):
+        raise DataError(f"{source}: S3 data must be downloaded first (the toolkit maps it to a channel)")
+    try:
+        return datasets.load_dataset(str(source), split=split)
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{source}: not a local path, and loading it from the hub failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
+    """One row as chat messages; raises ValueError with the reason for a bad row."""
+    if fmt == "multilingual-thinking":
+        for key in ("reasoning_language", "user", "final"):
+            if not isinstance(row.get(key), str) or not row[key].strip():
+                raise ValueError(f"field {key!r} is missing or empty")
+        system = f"reasoning language: {row['reasoning_language']}"
+        if isinstance(row.get("developer"), str) and row["developer"].strip():
+            system += f"\n\n{row['developer']}"
+        assistant: dict[str, Any] = {"role": "assistant", "content": row["final"]}
+        if isinstance(row.get("analysis"), str) and row["analysis"].strip():
+            assistant["thinking"] = row["analysis"]
+        return [{"role": "system", "content": system}, {"role": "user", "content": row["user"]}, assistant]
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("field 'messages' is missing or not a list")
+    clean = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+            raise ValueError(f"messages[{i}] needs a role of system, developer, user or assistant")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"messages[{i}].content must be a string")
+        item = {"role": message["role"], "content": message["content"]}
+        if message.get("thinking"):
+            item["thinking"] = message["thinking"]
+        clean.append(item)
+    if clean[-1]["role"] != "assistant":
+        raise ValueError("the last message must be the assistant's (the answer to learn)")
+    return clean
+
+
+def training_chat_template(tokenizer) -> str:
+    """The tokenizer's template with {% generation %} markers, so assistant tokens can be masked."""
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    template = tokenizer.chat_template
+    if template and has_generation_markers(template):
+        return template
+    patched = get_training_chat_template(tokenizer) if template else None
+    if patched is None:
+        raise DataError(
+            "the tokenizer's chat template has no {% generation %} markers and TRL knows no training "
+            "variant of it: the assistant's tokens cannot be told apart for the loss"
+        )
+    return patched
+
+
+def is_tokenized(dataset) -> bool:
+    return all(column in dataset.column_names for column in TOKENIZED_COLUMNS)
+
+
+def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | None = None):
+    """Validate, render and tokenize; returns a dataset of input_ids + labels and fills `report`."""
+    report = report if report is not None else PrepareReport()
+    report.rows_in = len(dataset)
+    if is_tokenized(dataset):
+        return _enforce_length(dataset.select_columns(list(TOKENIZED_COLUMNS)), settings, report)
+    template = training_chat_template(tokenizer)
+    input_ids, labels = [], []
+    for index, row in enumerate(dataset):
+        try:
+            messages = to_messages(row, settings.format)
+        except ValueError as exc:
+            report.bad_rows.append((index, str(exc)))
+            continue
+        encoded = tokenizer.apply_chat_template(
+            messages,
+            chat_template=template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        ids = list(encoded["input_ids"])
+        mask = encoded["assistant_masks"]
+        input_ids.append(ids)
+        labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)])
+    if report.bad_rows and not settings.skip_bad_rows:
+        shown = "; ".join(f"row {i}: {why}" for i, why in report.bad_rows[:5])
+        more = f" (and {len(report.bad_rows) - 5} more)" if len(report.bad_rows) > 5 else ""
+        raise DataError(
+            f"{len(report.bad_rows)} of {report.rows_in} rows do not match the "
+            f"{settings.format!r} schema: {shown}{more}. Fix them, or set data.skip_bad_rows: true"
+        )
+    import datasets
+
+    tokenized = datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
+    return _enforce_length(tokenized, settings, report)
+
+
+def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):
+    limit = settings.max_length
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    overlong = [i for i, n in enumerate(lengths) if n > limit]
+    if overlong and settings.overlong == "drop":
+        keep = sorted(set(range(len(lengths))) - set(overlong))
+        dataset = dataset.select(keep)
+        report.dropped_overlong = len(overlong)
+    elif overlong:
+        dataset = dataset.map(lambda row: {k: row[k][:limit] for k in TOKENIZED_COLUMNS})
+        report.truncated = len(overlong)
+    report.lengths = [min(n, limit) for i, n in enumerate(lengths) if settings.overlong == "truncate" or n <= limit]
+    if len(dataset) == 0:
+        raise DataError(
+            f"no rows left to train on ({report.rows_in} in, {len(report.bad_rows)} bad, "
+            f"{report.dropped_overlong} longer than data.max_length={limit})"
+        )
+    return dataset

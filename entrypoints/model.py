@@ -1,0 +1,100 @@
+"""Model side of training: load the base model (MXFP4 dequantized for gpt-oss), add LoRA, export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from entrypoints.settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, LoraSettings, ModelSettings
+
+
+def resolve_model_path(settings: ModelSettings) -> str:
+    """Hub id or local path; builtin models are built (once, cached) on the spot."""
+    if settings.id in BUILTIN_MODELS:
+        from entrypoints.tiny_model import tiny_gpt_oss_path
+
+        return str(tiny_gpt_oss_path(mxfp4=settings.id == TINY_GPT_OSS_MXFP4))
+    return settings.id
+
+
+def compute_dtype(settings: ModelSettings):
+    import torch
+
+    if settings.dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, settings.dtype)
+
+
+def is_mxfp4_checkpoint(path: str, revision: str | None = None) -> bool:
+    """True for checkpoints stored in MXFP4 (openai/gpt-oss-*): their experts must be dequantized."""
+    from transformers import AutoConfig
+
+    quant = getattr(AutoConfig.from_pretrained(path, revision=revision), "quantization_config", None) or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(method).lower().endswith("mxfp4")
+
+
+def load_tokenizer(settings: ModelSettings):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings), revision=settings.revision)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(settings: ModelSettings, device_map: str | dict | None = None):
+    """The base model in the compute dtype; MXFP4 experts are dequantized so LoRA can train on them."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(settings)
+    kwargs: dict = {
+        "dtype": compute_dtype(settings),
+        "attn_implementation": settings.attn_implementation,
+        "revision": settings.revision,
+    }
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if settings.dequantize_mxfp4 and is_mxfp4_checkpoint(path, settings.revision):
+        from transformers import Mxfp4Config
+
+        kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model.config.use_cache = False  # training: the KV cache only costs memory
+    return model
+
+
+def lora_config(settings: LoraSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules,
+        target_parameters=settings.target_parameters or None,
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def add_lora(model, settings: LoraSettings, seed: int):
+    """Wrap with PEFT; seeded so every rank (and every resume) starts from the same adapter."""
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    set_seed(seed)
+    return get_peft_model(model, lora_config(settings))
+
+
+def save_merged(peft_model, tokenizer, out: Path) -> None:
+    """Merge the adapter into the base weights and save plain safetensors that reload as-is.
+
+    `save_original_format=False`: a model loaded through MXFP4 dequantization would otherwise write
+    bf16 experts under the MXFP4 names, which transformers silently re-initialises on reload.
+    """
+    merged = peft_model.merge_and_unload()
+    if getattr(merged.config, "quantization_config", None) is not None:
+        del merged.config.quantization_config
+    merged.config.use_cache = True
+    merged.save_pretrained(out, safe_serialization=True, save_original_format=False)
+    tokenizer.save_pretrained(out)

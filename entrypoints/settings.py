@@ -1,0 +1,191 @@
+"""The training settings: the ONE schema shared by the training container and the toolkit's config.
+
+This module needs only pydantic, so it can run inside a training container without the toolkit
+installed. The toolkit composes these models into its own `Config`; the entrypoint rebuilds them from
+SageMaker hyperparameters (flattened by `to_hyperparameters`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BUILTIN_PREFIX = "builtin:"
+TINY_GPT_OSS = "builtin:tiny-gpt-oss"
+TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
+BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
+SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors: a typo like `lora.rnak` must fail before anything is launched."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSettings(StrictModel):
+    """The base model to fine-tune."""
+
+    id: str = Field(
+        description="Hugging Face hub id or local path of a causal LM; "
+        f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
+        "the same, stored as MXFP4)."
+    )
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
+    )
+    dequantize_mxfp4: bool = Field(
+        True, description="Load MXFP4 checkpoints (gpt-oss) with Mxfp4Config(dequantize=True)."
+    )
+    attn_implementation: Literal["eager", "flex_attention", "sdpa"] = Field(
+        "eager", description="Attention kernel; gpt-oss supports eager and flex_attention (not sdpa)."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+
+    @property
+    def is_gpt_oss(self) -> bool:
+        return "gpt-oss" in self.id.lower()
+
+    @model_validator(mode="after")
+    def _gpt_oss_attention(self) -> ModelSettings:
+        if self.id.startswith(BUILTIN_PREFIX) and self.id not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {self.id!r}; builtins: {', '.join(BUILTIN_MODELS)}")
+        if self.is_gpt_oss and self.attn_implementation == "sdpa":
+            raise ValueError(
+                "gpt-oss uses attention sinks, which sdpa does not support: "
+                "set model.attn_implementation to 'eager' or 'flex_attention'"
+            )
+        return self
+
+
+class DataSettings(StrictModel):
+    """Where the training rows come from and how they become tokens."""
+
+    source: str = Field(
+        description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), "
+        f"s3:// URI, or `{SAMPLE_DATASET}` (ships with the toolkit)."
+    )
+    split: str = Field("train", description="Split to train on.")
+    format: Literal["multilingual-thinking", "messages"] = Field(
+        "multilingual-thinking",
+        description="Row schema: HuggingFaceH4/Multilingual-Thinking, or plain chat `messages`.",
+    )
+    max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
+    overlong: Literal["drop", "truncate"] = Field(
+        "drop", description="What to do with rows longer than max_length."
+    )
+    skip_bad_rows: bool = Field(
+        False, description="Skip rows that do not match the schema instead of failing."
+    )
+
+
+class LoraSettings(StrictModel):
+    """The LoRA adapter (PEFT)."""
+
+    r: int = Field(8, ge=1, description="Rank.")
+    alpha: int = Field(16, ge=1, description="Scaling numerator (lora_alpha).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: Literal["all-linear"] | list[str] = Field(
+        "all-linear",
+        description="Modules to adapt; all-linear on gpt-oss means q/k/v/o_proj.",
+    )
+    target_parameters: list[str] = Field(
+        default_factory=list,
+        description="3-D parameters to adapt, e.g. gpt-oss experts: "
+        "['mlp.experts.gate_up_proj', 'mlp.experts.down_proj'].",
+    )
+
+    @model_validator(mode="after")
+    def _expert_lora_needs_no_dropout(self) -> LoraSettings:
+        if self.target_parameters and self.dropout != 0:
+            raise ValueError(
+                "PEFT rejects dropout on target_parameters (expert LoRA): set lora.dropout to 0"
+            )
+        if isinstance(self.target_modules, list) and not self.target_modules:
+            raise ValueError("lora.target_modules is empty: list module names or use 'all-linear'")
+        return self
+
+
+class TrainingSettings(StrictModel):
+    """The optimisation loop (TRL SFTTrainer)."""
+
+    learning_rate: float = Field(2e-4, gt=0)
+    num_epochs: float = Field(1, gt=0, description="Epochs; ignored when max_steps is set.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    per_device_batch_size: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    lr_scheduler: Literal[
+        "cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"
+    ] = "cosine_with_min_lr"
+    min_lr_rate: float = Field(
+        0.1, ge=0, le=1, description="Floor of cosine_with_min_lr, as a fraction of the peak."
+    )
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps spent warming up.")
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    gradient_checkpointing: bool = True
+    seed: int = 42
+    save_steps: int = Field(
+        50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM)."
+    )
+    save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")
+    logging_steps: int = Field(1, ge=1)
+    report_to: list[Literal["mlflow", "tensorboard"]] = Field(default_factory=list)
+    distributed: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
+    )
+    merge_adapter: bool = Field(
+        True, description="Also write the adapter merged into the base weights (for vLLM)."
+    )
+
+    @model_validator(mode="after")
+    def _scheduler_floor(self) -> TrainingSettings:
+        if self.lr_scheduler != "cosine_with_min_lr" and self.min_lr_rate != 0.1:
+            raise ValueError(
+                "training.min_lr_rate only applies to lr_scheduler 'cosine_with_min_lr': "
+                "remove it or change the scheduler"
+            )
+        return self
+
+
+class TrainSettings(StrictModel):
+    """Everything the training entrypoint needs: the same object on every target."""
+
+    model: ModelSettings
+    data: DataSettings
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+
+
+TRAIN_SECTIONS = tuple(TrainSettings.model_fields)
+
+
+def to_hyperparameters(settings: TrainSettings) -> dict[str, str]:
+    """Flatten to SageMaker hyperparameters: dotted keys, JSON-encoded values."""
+    flat: dict[str, str] = {}
+    for section in TRAIN_SECTIONS:
+        for key, value in getattr(settings, section).model_dump(mode="json").items():
+            flat[f"{section}.{key}"] = json.dumps(value)
+    return flat
+
+
+def from_hyperparameters(flat: dict[str, Any]) -> TrainSettings:
+    """Inverse of `to_hyperparameters`; tolerates values SageMaker passed through unquoted."""
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, raw in flat.items():
+        section, _, key = dotted.partition(".")
+        if not key:
+            raise ValueError(f"hyperparameter {dotted!r} is not of the form section.key")
+        nested.setdefault(section, {})[key] = _decode(raw)
+    return TrainSettings.model_validate(nested)
+
+
+def _decode(raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw

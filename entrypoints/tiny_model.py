@@ -1,0 +1,172 @@
+"""A tiny random-weight gpt-oss (the real `GptOssForCausalLM` architecture) and a harmony tokenizer, built offline.
+
+Used by the `tiny-gpt-oss-local` preset, the demo and the tests: no hub, no download. Built once per
+recipe and cached; the build is deterministic, so every process (and every rank) gets the same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+HARMONY_SPECIAL_TOKENS = [
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|return|>",
+    "<|call|>",
+]
+RECIPE = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 64,
+    "max_position_embeddings": 4096,
+    "seed": 0,
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
+
+
+def tiny_gpt_oss_path(mxfp4: bool = False) -> Path:
+    """Path of the tiny model, building it first if this machine has none cached."""
+    key = hashlib.sha256(json.dumps([RECIPE, mxfp4], sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_root() / f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}-{key}"
+    if (target / "config.json").exists():
+        return target
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").exists():
+            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
+            _build(staging, mxfp4)
+            staging.rename(target)
+    return target
+
+
+def _training_text() -> list[str]:
+    from entrypoints.data import SAMPLE_PATH
+
+    rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines() if line.strip()]
+    fields = ("developer", "user", "analysis", "final")
+    return [row[f] for row in rows for f in fields if row.get(f)]
+
+
+def build_tokenizer():
+    """A byte-level BPE with gpt-oss's harmony special tokens and its chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import gptoss_chat_template
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=RECIPE["vocab_size"],
+        special_tokens=HARMONY_SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(_training_text(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<|startoftext|>",
+        eos_token="<|return|>",
+        pad_token="<|endoftext|>",
+        model_max_length=RECIPE["max_position_embeddings"],
+    )
+    tokenizer.chat_template = gptoss_chat_template
+    return tokenizer
+
+
+def _build(out: Path, mxfp4: bool) -> None:
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = GptOssConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=RECIPE["hidden_size"],
+        intermediate_size=RECIPE["intermediate_size"],
+        num_hidden_layers=RECIPE["num_hidden_layers"],
+        num_attention_heads=RECIPE["num_attention_heads"],
+        num_key_value_heads=RECIPE["num_key_value_heads"],
+        head_dim=RECIPE["head_dim"],
+        num_local_experts=RECIPE["num_local_experts"],
+        num_experts_per_tok=RECIPE["num_experts_per_tok"],
+        sliding_window=RECIPE["sliding_window"],
+        max_position_embeddings=RECIPE["max_position_embeddings"],
+        layer_types=["sliding_attention", "full_attention"],
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(RECIPE["seed"])
+    model = GptOssForCausalLM(config).to(torch.float32)
+    with torch.no_grad():  # random-init experts are huge relative to this width; tame them
+        for name, param in model.named_parameters():
+            if "experts" in name and param.dim() >= 2:
+                param.normal_(0.0, 0.02)
+    if mxfp4:
+        _save_mxfp4(model, out)
+    else:
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _save_mxfp4(model, out: Path) -> None:
+    """Write the experts as gpt-oss's MXFP4 checkpoints do: uint8 `*_blocks` + `*_scales`."""
+    from safetensors.torch import save_file
+
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            # HF keeps [E, in, out]; the checkpoint stores [E, out, in/32, 16] nibble pairs
+            blocks, scales = _quantize_mxfp4(tensor.transpose(1, 2).contiguous())
+            state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        else:
+            state[name] = tensor.contiguous()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _quantize_mxfp4(weight):
+    """[E, out, in] float -> ([E, out, in/32, 16] uint8 blocks, [E, out, in/32] uint8 scales)."""
+    import torch
+
+    e, o, i = weight.shape
+    groups = weight.reshape(e, o, i // 32, 32)
+    amax = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)
+    table = torch.tensor(FP4_VALUES[:8])
+    idx = (scaled.abs().unsqueeze(-1) - table).abs().argmin(-1)
+    idx = idx + 8 * (scaled < 0).long() * (idx > 0).long()
+    nibbles = idx.to(torch.uint8)
+    blocks = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+    scales = (exponent.squeeze(-1) + 127).to(torch.uint8)
+    return blocks.contiguous(), scales.contiguous()

@@ -1,0 +1,301 @@
+"""The training entrypoint: the one script every target runs (SageMaker, HyperPod EKS/Slurm, local).
+
+It follows SageMaker's container contract, with every root overridable so HyperPod runs it on /fsx:
+  settings     <root>/input/config/hyperparameters.json   (flattened TrainSettings, see settings.py)
+  data         $SM_CHANNEL_TRAIN or <root>/input/data/train (else data.source when readable here)
+  model        $SM_MODEL_DIR or <root>/model                (adapter/, merged/, run.json)
+  checkpoints  $TOOLKIT_CHECKPOINT_DIR or <root>/checkpoints (SageMaker syncs it with S3)
+  failure      <root>/output/failure                        (why it failed; exit code 1)
+<root> is $TOOLKIT_ML_ROOT or /opt/ml. Under torchrun only rank 0 writes artifacts. A run resumes from
+the newest checkpoint present; SIGTERM saves a checkpoint and exits (spot interruption, preemption).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script (SageMaker's source dir): make `entrypoints` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from entrypoints.settings import TrainSettings, from_hyperparameters  # noqa: E402
+
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    model_dir: Path
+    checkpoints: Path
+    train_channel: Path
+    output_data: Path
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        env = os.environ
+        root = Path(env.get("TOOLKIT_ML_ROOT", "/opt/ml"))
+        return cls(
+            root=root,
+            model_dir=Path(env.get("SM_MODEL_DIR", root / "model")),
+            checkpoints=Path(env.get("TOOLKIT_CHECKPOINT_DIR", root / "checkpoints")),
+            train_channel=Path(env.get("SM_CHANNEL_TRAIN", root / "input" / "data" / "train")),
+            output_data=Path(env.get("SM_OUTPUT_DATA_DIR", root / "output" / "data")),
+        )
+
+    @property
+    def hyperparameters(self) -> Path:
+        return self.root / "input" / "config" / "hyperparameters.json"
+
+    @property
+    def failure(self) -> Path:
+        return self.root / "output" / "failure"
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def log(message: str) -> None:
+    if rank() == 0:
+        print(f"[toolkit] {message}", flush=True)
+
+
+def read_settings(paths: Paths) -> TrainSettings:
+    if not paths.hyperparameters.exists():
+        raise FileNotFoundError(f"no hyperparameters at {paths.hyperparameters}")
+    return from_hyperparameters(json.loads(paths.hyperparameters.read_text()))
+
+
+def data_source(settings: TrainSettings, paths: Paths) -> str:
+    if paths.train_channel.exists():
+        return str(paths.train_channel)
+    source = settings.data.source
+    if source.startswith("builtin:") or Path(source).exists() or "://" not in source and not source.startswith("/"):
+        return source
+    raise FileNotFoundError(
+        f"data channel 'train' not found at {paths.train_channel}, and data.source {source!r} "
+        "cannot be read from inside the job: pass it as the 'train' channel"
+    )
+
+
+def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
+    from entrypoints.data import PrepareReport, load_rows, prepare
+
+    source = data_source(settings, paths)
+    report = PrepareReport()
+    dataset = prepare(load_rows(source, settings.data.split), tokenizer, settings.data, report)
+    stats = report.summary()
+    log(
+        f"data {source}: {stats['rows_out']} rows, {stats['tokens']} tokens "
+        f"(median {stats['tokens_median']}, max {stats['tokens_max']}); skipped {stats['bad_rows_skipped']} bad, "
+        f"dropped {stats['overlong_dropped']} / truncated {stats['overlong_truncated']} over {settings.data.max_length}"
+    )
+    return dataset, stats
+
+
+def sft_config(settings: TrainSettings, paths: Paths):
+    import torch
+    from trl import SFTConfig
+
+    from entrypoints.model import compute_dtype
+
+    t = settings.training
+    on_gpu = torch.cuda.is_available()
+    bf16 = on_gpu and compute_dtype(settings.model) == torch.bfloat16
+    extra: dict = {}
+    if t.lr_scheduler == "cosine_with_min_lr":
+        extra["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_rate}
+    if t.distributed == "fsdp":
+        extra["fsdp"] = "full_shard auto_wrap"
+        extra["fsdp_config"] = {
+            "transformer_layer_cls_to_wrap": ["GptOssDecoderLayer"] if settings.model.is_gpt_oss else None,
+            "use_orig_params": True,
+            "activation_checkpointing": t.gradient_checkpointing,
+            "state_dict_type": "SHARDED_STATE_DICT",
+        }
+    return SFTConfig(
+        output_dir=str(paths.checkpoints),
+        per_device_train_batch_size=t.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        num_train_epochs=t.num_epochs,
+        max_steps=t.max_steps or -1,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,  # transformers 5: a value below 1 is a ratio of the total steps
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        gradient_checkpointing=t.gradient_checkpointing and t.distributed != "fsdp",
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        seed=t.seed,
+        data_seed=t.seed,
+        save_strategy="steps" if t.save_steps else "no",
+        save_steps=t.save_steps or 500,
+        save_total_limit=t.save_total_limit,
+        logging_steps=t.logging_steps,
+        report_to=list(t.report_to) or "none",
+        bf16=bf16,
+        use_cpu=not on_gpu,
+        max_length=settings.data.max_length,
+        ddp_find_unused_parameters=False,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+        dataloader_drop_last=False,
+        **extra,
+    )
+
+
+def callbacks():
+    import torch
+    from transformers import TrainerCallback
+
+    class Metrics(TrainerCallback):
+        """One parseable line per log: the regexes in toolkit's metric definitions read these."""
+
+        def __init__(self) -> None:
+            self.last = (time.monotonic(), 0)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs or "loss" not in logs:
+                return
+            now, tokens = time.monotonic(), state.num_input_tokens_seen
+            rate = (tokens - self.last[1]) / max(now - self.last[0], 1e-9)
+            self.last = (now, tokens)
+            memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+            print(
+                f"[metrics] step={state.global_step}/{state.max_steps} loss={logs['loss']:.4f} "
+                f"learning_rate={logs.get('learning_rate', 0):.3e} grad_norm={logs.get('grad_norm', 0):.4f} "
+                f"tokens_per_second={rate:.1f} gpu_memory_gib={memory:.2f}",
+                flush=True,
+            )
+
+    class SaveOnSigterm(TrainerCallback):
+        """SIGTERM (spot interruption, scancel, pod eviction): finish the step, checkpoint, stop."""
+
+        def __init__(self) -> None:
+            self.requested = False
+            signal.signal(signal.SIGTERM, self._request)
+
+        def _request(self, signum, frame) -> None:
+            self.requested = True
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.requested:
+                control.should_save = True
+                control.should_training_stop = True
+
+    return [Metrics(), SaveOnSigterm()]
+
+
+def latest_checkpoint(paths: Paths) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(paths.checkpoints)) if paths.checkpoints.is_dir() else None
+
+
+def train(settings: TrainSettings, paths: Paths) -> int:
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTTrainer
+
+    from entrypoints.model import add_lora, load_model, load_tokenizer
+
+    started = time.monotonic()
+    tokenizer = load_tokenizer(settings.model)
+    dataset, data_stats = load_dataset(settings, paths, tokenizer)
+    model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)
+    if rank() == 0:
+        model.print_trainable_parameters()
+    hooks = callbacks()
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(settings, paths),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=hooks,
+    )
+    trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
+    resume = latest_checkpoint(paths)
+    if resume:
+        log(f"resuming from {resume}")
+    result = trainer.train(resume_from_checkpoint=resume)
+    if hooks[1].requested:
+        log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
+        return EXIT_INTERRUPTED
+    adapter_dir = paths.model_dir / "adapter"
+    trainer.save_model(str(adapter_dir))  # gathers FSDP shards; writes on rank 0 only
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(adapter_dir)
+        summary = {
+            "settings": settings.model_dump(mode="json"),
+            "data": data_stats,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "log_history": trainer.state.log_history,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        if settings.training.merge_adapter:
+            del trainer, model
+            merge(settings, adapter_dir, paths.model_dir / "merged")
+        (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
+        log(f"adapter: {adapter_dir}")
+        if settings.training.merge_adapter:
+            log(f"merged model: {paths.model_dir / 'merged'}")
+    return 0
+
+
+def merge(settings: TrainSettings, adapter_dir: Path, out: Path) -> None:
+    """Reload the base on CPU and merge the saved adapter: the same path for DDP and FSDP runs."""
+    from peft import PeftModel
+
+    from entrypoints.model import load_model, load_tokenizer, save_merged
+
+    base = load_model(settings.model, device_map="cpu")
+    model = PeftModel.from_pretrained(base, str(adapter_dir))
+    if out.exists():
+        shutil.rmtree(out)
+    save_merged(model, load_tokenizer(settings.model), out)
+
+
+def relaunch_under_torchrun() -> None:
+    """Started by SageMaker without a launcher on a multi-GPU or multi-host job: become torchrun."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    gpus = int(os.environ.get("SM_NUM_GPUS", "0"))
+    hosts = json.loads(os.environ.get("SM_HOSTS", "[]"))
+    if gpus <= 1 and len(hosts) <= 1:
+        return
+    current = os.environ.get("SM_CURRENT_HOST", hosts[0] if hosts else "")
+    command = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={max(gpus, 1)}", f"--nnodes={max(len(hosts), 1)}",
+        f"--node-rank={hosts.index(current) if current in hosts else 0}",
+        f"--master-addr={hosts[0] if hosts else '127.0.0.1'}", "--master-port=29500",
+        str(Path(__file__).resolve()),
+    ]  # fmt: skip
+    os.execv(sys.executable, command)
+
+
+def main() -> int:
+    relaunch_under_torchrun()
+    paths = Paths.from_env()
+    try:
+        settings = read_settings(paths)
+        return train(settings, paths)
+    except Exception as exc:  # noqa: BLE001 - every failure must reach the failure file
+        reason = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        paths.failure.parent.mkdir(parents=True, exist_ok=True)
+        paths.failure.write_text(reason + "\n")
+        print(f"[toolkit] FAILED: {reason}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

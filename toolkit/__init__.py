@@ -1,0 +1,28 @@
+"""toolkit: fine-tune gpt-oss (or any causal LM) with LoRA on SageMaker and serve it with vLLM.
+
+The public API (`toolkit.load_config`, `toolkit.train`, ...) is imported lazily so that importing the
+package, and `toolkit --help`, stay instant.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Config": "toolkit.config",
+    "ConfigError": "toolkit.config",
+    "load_config": "toolkit.config",
+    "prepare_data": "toolkit.sdk",
+    "train": "toolkit.sdk",
+    "render_train": "toolkit.sdk",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -1,0 +1,181 @@
+"""`toolkit`: parse arguments, call the SDK, render results. Nothing else lives here.
+
+Heavy libraries (torch, transformers, sagemaker) are imported inside the SDK calls, never at start-up.
+Exit codes: 0 success, 1 the job failed, 2 bad input (config, data, arguments), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    help="Fine-tune gpt-oss with LoRA on SageMaker and serve it: one config, three verbs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Check, show and describe configs.", no_args_is_help=True)
+data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(data_app, name="data")
+
+out = Console()
+err = Console(stderr=True)
+
+ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")
+]
+METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def load(source: str, overrides: list[str] | None):
+    from toolkit.config import ConfigError, load_config
+
+    try:
+        return load_config(source, overrides or [])
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@config_app.command("validate")
+def config_validate(files: Annotated[list[str], typer.Argument(help="Files or preset names.")], set_: SetOpt = None) -> None:
+    """Validate configs; exit 2 on the first problem, naming the file and field."""
+    for source in files:
+        cfg = load(source, set_)
+        out.print(f"[green]ok[/] {source}: {cfg.name} ({cfg.model.id}, target {cfg.target})", highlight=False)
+
+
+@config_app.command("show")
+def config_show(source: ConfigArg, set_: SetOpt = None) -> None:
+    """Print the resolved config (base, ${ENV} and --set applied, defaults filled in) as YAML."""
+    import yaml
+
+    cfg = load(source, set_)
+    sys.stdout.write(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the config's JSON Schema (point your editor's YAML plugin at it)."""
+    from toolkit.config import Config
+
+    sys.stdout.write(json.dumps(Config.model_json_schema(), indent=2) + "\n")
+
+
+@config_app.command("presets")
+def config_presets() -> None:
+    """List the presets shipped with the toolkit."""
+    from toolkit.config import preset_names
+
+    for name in preset_names():
+        out.print(name, highlight=False)
+
+
+@data_app.command("prepare")
+def data_prepare(
+    source: ConfigArg,
+    output: Annotated[str | None, typer.Option(help="Directory for the Arrow dataset.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Validate, render and tokenize the data once; print token statistics; save it."""
+    from rich.table import Table
+
+    from entrypoints.data import DataError
+    from toolkit.sdk import prepare_data
+
+    cfg = load(source, set_)
+    try:
+        with err.status(f"preparing {cfg.data.source} ..."):
+            report = prepare_data(cfg, output)
+    except DataError as exc:
+        fail(str(exc))
+    table = Table("statistic", "value", title=f"{cfg.data.source} ({cfg.data.format})")
+    for key, value in report.items():
+        if key not in ("output", "bad_rows"):
+            table.add_row(key, str(value))
+    out.print(table)
+    for index, reason in report["bad_rows"][:10]:
+        err.print(f"[yellow]skipped row {index}:[/] {reason}", highlight=False)
+    out.print(f"saved to {report['output']} (set data.source to it to train on it)", highlight=False)
+
+
+@app.command("train")
+def train(
+    source: ConfigArg,
+    target: Annotated[str | None, typer.Option(help="local | training-job | hyperpod (default: the config's).")] = None,
+    set_: SetOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be submitted; create nothing.")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Discard old checkpoints instead of resuming.")] = False,
+) -> None:
+    """Train with LoRA on a target and wait for the result."""
+    from toolkit import sdk
+    from toolkit.config import ConfigError
+    from toolkit.targets.base import TargetError
+
+    cfg = load(source, set_)
+    try:
+        if dry_run:
+            sys.stdout.write(sdk.render_train(cfg, target) + "\n")
+            return
+        job = sdk.train(cfg, target, fresh=fresh)
+    except (ConfigError, TargetError) as exc:
+        fail(str(exc))
+    state = follow(job)
+    if state.status.value == "Completed":
+        for kind, where in state.artifacts.items():
+            out.print(f"[green]{kind}:[/] {where}", highlight=False)
+        return
+    fail(f"job {state.name} {state.status.value.lower()}: {state.detail}", code=1)
+
+
+def follow(job):
+    """Wait for a job with a progress bar fed by the entrypoint's [metrics] lines; Ctrl-C stops cleanly."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err,
+    )  # fmt: skip
+    task = progress.add_task(f"training {job.name}", total=None, loss="-")
+
+    def on_line(line: str) -> None:
+        match = METRICS.match(line)
+        if match:
+            step, total, loss = match.groups()
+            progress.update(task, completed=int(step), total=int(total), loss=loss)
+        elif line.startswith("[toolkit]") or "Error" in line:
+            progress.console.print(line, highlight=False, markup=False)
+
+    with progress:
+        try:
+            return job.wait(on_line)
+        except KeyboardInterrupt:
+            progress.console.print("interrupted: asking the job to checkpoint and stop ...")
+            job.stop()
+            try:
+                state = job.wait(on_line)
+            except KeyboardInterrupt:
+                state = job.status()
+    err.print(f"{state.status.value}: {state.detail}. Run the same command again to resume.")
+    raise typer.Exit(130)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

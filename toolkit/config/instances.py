@@ -1,0 +1,44 @@
+"""What the toolkit knows about SageMaker GPU instance types: GPUs and EFA interfaces per node."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Instance(NamedTuple):
+    gpus: int
+    efa: int  # EFA interfaces HyperPod pods should request (0: no EFA)
+    gpu_memory_gib: int
+
+
+INSTANCES: dict[str, Instance] = {
+    "ml.p6-b200.48xlarge": Instance(8, 8, 179),
+    "ml.p5en.48xlarge": Instance(8, 16, 141),
+    "ml.p5e.48xlarge": Instance(8, 32, 141),
+    "ml.p5.48xlarge": Instance(8, 32, 80),
+    "ml.p4de.24xlarge": Instance(8, 4, 80),
+    "ml.p4d.24xlarge": Instance(8, 4, 40),
+    "ml.g6e.xlarge": Instance(1, 0, 48),
+    "ml.g6e.2xlarge": Instance(1, 0, 48),
+    "ml.g6e.12xlarge": Instance(4, 0, 48),
+    "ml.g6e.48xlarge": Instance(8, 1, 48),
+    "ml.g5.xlarge": Instance(1, 0, 24),
+    "ml.g5.2xlarge": Instance(1, 0, 24),
+    "ml.g5.12xlarge": Instance(4, 0, 24),
+    "ml.g5.48xlarge": Instance(8, 1, 24),
+    "ml.g4dn.xlarge": Instance(1, 0, 16),
+    "ml.g4dn.12xlarge": Instance(4, 0, 16),
+    "ml.p3.2xlarge": Instance(1, 0, 16),
+    "ml.p3.16xlarge": Instance(8, 0, 16),
+}
+
+
+def instance(name: str, field: str) -> Instance:
+    """Look up an instance type, or fail with a message that names the field and the choices."""
+    try:
+        return INSTANCES[name]
+    except KeyError:
+        known = ", ".join(sorted(INSTANCES))
+        raise ValueError(
+            f"{field}: unknown GPU instance type {name!r}; use one of: {known}"
+        ) from None

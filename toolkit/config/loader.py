@@ -1,0 +1,195 @@
+"""Read a config from YAML (or a preset name), apply `base:`, `${ENV}` and `--set` overrides, validate.
+
+Every failure becomes one `ConfigError` that names the file, the field path and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from toolkit.config.models import Config
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Values that look like credentials: they belong in Secrets Manager or the environment, never here.
+_SECRET_SHAPES = {
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
+    "an AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
+}
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `str()` is the message to show the user."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _presets().iterdir() if p.name.endswith(".yaml"))
+
+
+def _presets() -> Any:
+    return resources.files("toolkit") / "presets"
+
+
+def read_source(source: str | Path) -> tuple[str, str]:
+    """Return (label, YAML text) for a file path or a preset name."""
+    path = Path(source)
+    if path.is_file():
+        return str(path), path.read_text()
+    if str(source) in preset_names():
+        return f"preset {source}", (_presets() / f"{source}.yaml").read_text()
+    if path.suffix in (".yaml", ".yml") or os.sep in str(source):
+        raise ConfigError(f"{source}: no such file")
+    raise ConfigError(
+        f"{source}: neither a file nor a preset; presets: {', '.join(preset_names())}"
+    )
+
+
+def load_config(
+    source: str | Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Config:
+    """Load, compose and validate a config. `overrides` are `dotted.path=value` strings."""
+    label, raw = _load_raw(source, env if env is not None else dict(os.environ), seen=())
+    for item in overrides:
+        _apply_override(raw, item)
+    _refuse_secrets(raw, label)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(label, exc)) from None
+
+
+def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) -> tuple[str, dict]:
+    label, text = read_source(source)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        raise ConfigError(f"{label}: YAML syntax error at {where}: {exc.problem}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{label}: the top level must be a mapping of sections, not {type(raw).__name__}")
+    raw = _interpolate(raw, env, label, path="")
+    base = raw.pop("base", None)
+    if base is None:
+        return label, raw
+    if str(base) in seen:
+        raise ConfigError(f"{label}: base: {base!r} includes itself")
+    if not isinstance(base, str):
+        raise ConfigError(f"{label}: base must be a preset name or a file path")
+    base_source = Path(label).parent / base if Path(label).is_file() and not Path(base).is_absolute() else base
+    if not Path(base_source).is_file():
+        base_source = base
+    _, base_raw = _load_raw(base_source, env, seen + (str(base),))
+    return label, _deep_merge(base_raw, raw)
+
+
+def _interpolate(node: Any, env: dict[str, str], label: str, path: str) -> Any:
+    if isinstance(node, dict):
+        return {k: _interpolate(v, env, label, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, env, label, f"{path}[{i}]") for i, v in enumerate(node)]
+    if not isinstance(node, str):
+        return node
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{label}: {path}: environment variable {name} is not set; "
+            f"export it or write ${{{name}:-default}}"
+        )
+
+    return _ENV_REF.sub(substitute, node)
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    dotted, sep, text = item.partition("=")
+    if not sep or not dotted:
+        raise ConfigError(f"--set {item!r}: write it as section.field=value, e.g. lora.r=16")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {part} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def _refuse_secrets(node: Any, label: str, path: str = "") -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _refuse_secrets(value, label, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _refuse_secrets(value, label, f"{path}[{i}]")
+    elif isinstance(node, str):
+        for what, shape in _SECRET_SHAPES.items():
+            if shape.search(node):
+                raise ConfigError(
+                    f"{label}: {path}: looks like {what}; secrets never go in the config. "
+                    "Keep it in the environment (HF_TOKEN, AWS credentials) or name a Secrets "
+                    "Manager secret in training_job.hf_token_secret"
+                )
+
+
+def _format_errors(label: str, exc: ValidationError) -> str:
+    lines = [f"{label}: {exc.error_count()} problem(s):"]
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        path = _dotted(loc) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            lines.append(f"  {path}: unknown key{_suggest(loc)}")
+        elif error["type"] == "missing":
+            lines.append(f"  {path}: required; add it to the file or pass --set {path}=...")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(f"  {path}: {message} (got {error.get('input')!r})" if loc else f"  {message}")
+    return "\n".join(lines)
+
+
+def _dotted(loc: list[str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if part.isdigit() else (f".{part}" if out else part)
+    return out
+
+
+def _suggest(loc: list[str]) -> str:
+    """'; did you mean r?' for a typo, using the fields of the model that owns the bad key."""
+    model: type[BaseModel] | None = Config
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model else None
+        annotation = field.annotation if field else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    valid = ", ".join(model.model_fields)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {valid}"

@@ -1,0 +1,170 @@
+"""The toolkit's config: the shared training settings plus one section per target, serving and AWS."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from entrypoints.settings import StrictModel, TrainSettings
+from toolkit.config.instances import instance
+
+TargetName = Literal["local", "training-job", "hyperpod"]
+
+
+class LocalTarget(StrictModel):
+    """Run the entrypoint on this machine under torchrun, in an /opt/ml-style tree."""
+
+    nproc_per_node: int = Field(1, ge=1, description="Processes (one per GPU; CPU: gloo).")
+    output_dir: str = Field(
+        "runs/{name}", description="Where artifacts land; {name} is the config name."
+    )
+
+
+class TrainingJobTarget(StrictModel):
+    """A SageMaker training job."""
+
+    instance_type: str = "ml.p5.48xlarge"
+    instance_count: int = Field(1, ge=1)
+    image_uri: str | None = Field(
+        None, description="Training image; default: the pinned AWS PyTorch container."
+    )
+    spot: bool = Field(False, description="Managed spot training (resumes from checkpoints).")
+    max_run_seconds: int = Field(86_400, ge=60)
+    max_wait_seconds: int | None = Field(None, description="Spot only: >= max_run_seconds.")
+    volume_size_gb: int = Field(500, ge=1)
+    subnets: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] = Field(default_factory=list)
+    kms_key_id: str | None = Field(None, description="KMS key for volumes and output.")
+    hf_token_secret: str | None = Field(
+        None, description="Secrets Manager name holding the Hugging Face token (read at submit)."
+    )
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainingJobTarget:
+        instance(self.instance_type, "training_job.instance_type")
+        if self.spot:
+            if self.max_wait_seconds is None:
+                self.max_wait_seconds = self.max_run_seconds * 2
+            if self.max_wait_seconds < self.max_run_seconds:
+                raise ValueError(
+                    "training_job.max_wait_seconds must be >= max_run_seconds for spot jobs"
+                )
+        elif self.max_wait_seconds is not None:
+            raise ValueError("training_job.max_wait_seconds applies only with spot: true")
+        if bool(self.subnets) != bool(self.security_group_ids):
+            raise ValueError(
+                "training_job.subnets and training_job.security_group_ids go together: set both"
+            )
+        return self
+
+
+class FsxSettings(StrictModel):
+    """The shared FSx for Lustre filesystem of a HyperPod cluster."""
+
+    claim: str = Field("fsx-claim", description="EKS: the PersistentVolumeClaim name.")
+    mount_path: str = Field("/fsx", description="Where the filesystem is mounted on every node.")
+
+
+class HyperPodTarget(StrictModel):
+    """A HyperPod cluster, orchestrated by EKS or Slurm."""
+
+    cluster: str | None = Field(None, description="HyperPod cluster name.")
+    orchestrator: Literal["eks", "slurm"] = "eks"
+    instance_type: str = "ml.p5.48xlarge"
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int | None = Field(None, ge=0, description="Default: the instance type's GPUs.")
+    image: str | None = Field(None, description="Container image (EKS; Slurm with pyxis).")
+    fsx: FsxSettings = Field(default_factory=FsxSettings)
+    job_dir: str = Field(
+        "{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path."
+    )
+    namespace: str = "default"
+    queue: str | None = Field(None, description="Kueue local queue.")
+    priority: str | None = Field(None, description="Kueue priority class.")
+    max_retries: int = Field(3, ge=0, description="Auto-resume attempts after node failure.")
+
+    @model_validator(mode="after")
+    def _check(self) -> HyperPodTarget:
+        gpus = instance(self.instance_type, "hyperpod.instance_type").gpus
+        if self.gpus_per_node is None:
+            self.gpus_per_node = gpus
+        elif self.gpus_per_node > gpus:
+            raise ValueError(
+                f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} "
+                f"has {gpus} GPUs"
+            )
+        return self
+
+
+class ServingSettings(StrictModel):
+    """The vLLM endpoint."""
+
+    endpoint_name: str | None = Field(None, description="Default: the config name.")
+    image_uri: str | None = Field(None, description="Default: built from containers/serving.")
+    instance_type: str = "ml.g6e.2xlarge"
+    instance_count: int = Field(1, ge=1)
+    tensor_parallel_size: int | None = Field(None, ge=1, description="Default: the instance's GPUs.")
+    max_model_len: int = Field(8192, ge=16)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_num_seqs: int = Field(64, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingSettings:
+        gpus = instance(self.instance_type, "serving.instance_type").gpus
+        if self.tensor_parallel_size is None:
+            self.tensor_parallel_size = gpus
+        elif self.tensor_parallel_size > gpus:
+            raise ValueError(
+                f"serving.tensor_parallel_size is {self.tensor_parallel_size} but "
+                f"{self.instance_type} has {gpus} GPUs"
+            )
+        return self
+
+
+class AwsSettings(StrictModel):
+    """Where the cloud resources live."""
+
+    region: str = "us-east-1"
+    role: str | None = Field(None, description="SageMaker execution role ARN.")
+    bucket: str | None = Field(None, description="S3 bucket for code, data and artifacts.")
+    prefix: str = Field("toolkit", description="Key prefix inside the bucket.")
+    endpoint_url: str | None = Field(
+        None, description="Override every AWS endpoint (e.g. a local emulator)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AwsSettings:
+        if self.role and not re.fullmatch(r"arn:aws[\w-]*:iam::\d{12}:role/.+", self.role):
+            raise ValueError(
+                "aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name"
+            )
+        return self
+
+
+class Config(TrainSettings):
+    """One file drives training on every target and the deployment."""
+
+    name: str = Field(
+        pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$",
+        max_length=48,
+        description="Job and endpoint name prefix (letters, digits, hyphens).",
+    )
+    target: TargetName = Field("local", description="Default target of `toolkit train`.")
+    local: LocalTarget = Field(default_factory=LocalTarget)
+    training_job: TrainingJobTarget = Field(default_factory=TrainingJobTarget)
+    hyperpod: HyperPodTarget = Field(default_factory=HyperPodTarget)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    aws: AwsSettings = Field(default_factory=AwsSettings)
+
+    @model_validator(mode="after")
+    def _target_needs(self) -> Config:
+        if self.target == "hyperpod" and not self.hyperpod.cluster:
+            raise ValueError("target 'hyperpod' needs hyperpod.cluster: set the cluster name")
+        return self
+
+    def train_settings(self) -> TrainSettings:
+        """The part the training entrypoint receives."""
+        return TrainSettings.model_validate(self.model_dump(include=set(TrainSettings.model_fields)))

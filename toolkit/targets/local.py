@@ -1,0 +1,155 @@
+"""Local target: the real training entrypoint on this machine, in an /opt/ml-style tree, under torchrun.
+
+The output directory IS the job's /opt/ml root, so it keeps everything a SageMaker job would have:
+  input/config/hyperparameters.json, input/data/train (a link to local data), checkpoints/,
+  model/{adapter,merged,run.json}, output/failure, output/train.log.
+Running the same config again resumes from its newest checkpoint, exactly like a spot restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from entrypoints.settings import to_hyperparameters
+from toolkit.config import Config
+from toolkit.targets.base import JobState, Status, TargetError
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "entrypoints" / "train.py"
+
+
+def job_root(config: Config) -> Path:
+    return Path(config.local.output_dir.format(name=config.name)).resolve()
+
+
+def launch_command(config: Config) -> list[str]:
+    nproc = config.local.nproc_per_node
+    if nproc == 1:
+        return [sys.executable, str(ENTRYPOINT)]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", str(ENTRYPOINT),
+    ]  # fmt: skip
+
+
+@dataclass
+class LocalJob:
+    name: str
+    root: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "output" / "train.log"
+
+    def artifacts(self) -> dict[str, str]:
+        found = {}
+        for kind in ("adapter", "merged"):
+            path = self.root / "model" / kind
+            if (path / "config.json").exists() or (path / "adapter_config.json").exists():
+                found[kind] = str(path)
+        return found
+
+    def status(self) -> JobState:
+        failure = self.root / "output" / "failure"
+        code = self.process.poll() if self.process else None
+        if self.process and code is None:
+            return JobState(self.name, Status.RUNNING)
+        if failure.exists():
+            return JobState(self.name, Status.FAILED, failure.read_text().strip())
+        if code == 143 or (code is not None and code < 0):
+            return JobState(self.name, Status.STOPPED, "stopped; run the same command again to resume")
+        if code not in (None, 0):
+            return JobState(self.name, Status.FAILED, f"exit code {code}; see {self.log_path}")
+        if (self.root / "model" / "run.json").exists():
+            return JobState(self.name, Status.COMPLETED, artifacts=self.artifacts())
+        return JobState(self.name, Status.PENDING)
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        if self.log_path.exists():
+            yield from self.log_path.read_text().splitlines()
+
+    def stop(self) -> None:
+        """SIGTERM, as a spot interruption: the entrypoint checkpoints and exits."""
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+
+    def wait(self, on_line: Callable[[str], None] | None = None) -> JobState:
+        assert self.process and self.process.stdout
+        with self.log_path.open("a") as log:
+            for line in self.process.stdout:
+                log.write(line)
+                log.flush()
+                if on_line:
+                    on_line(line.rstrip("\n"))
+        self.process.wait()
+        return self.status()
+
+
+class LocalTarget:
+    name = "local"
+
+    def render(self, config: Config) -> str:
+        root = job_root(config)
+        plan = {
+            "root": str(root),
+            "command": launch_command(config),
+            "environment": {"TOOLKIT_ML_ROOT": str(root)},
+            "hyperparameters": to_hyperparameters(config.train_settings()),
+        }
+        return json.dumps(plan, indent=2)
+
+    def submit(self, config: Config, fresh: bool = False) -> LocalJob:
+        root = job_root(config)
+        self._lay_out(config, root, fresh)
+        env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENTRYPOINT.parents[1]), env.get("PYTHONPATH")]))
+        process = subprocess.Popen(
+            launch_command(config),
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches us, not the trainer: we stop it cleanly
+        )
+        return LocalJob(config.name, root, process)
+
+    def attach(self, config: Config, job_name: str) -> LocalJob:
+        return LocalJob(job_name, job_root(config))
+
+    @staticmethod
+    def _lay_out(config: Config, root: Path, fresh: bool) -> None:
+        hyperparameters = to_hyperparameters(config.train_settings())
+        config_file = root / "input" / "config" / "hyperparameters.json"
+        checkpoints = root / "checkpoints"
+        if fresh:
+            for stale in (checkpoints, root / "model", root / "output"):
+                shutil.rmtree(stale, ignore_errors=True)
+        elif checkpoints.exists() and any(checkpoints.iterdir()) and config_file.exists():
+            if json.loads(config_file.read_text()) != hyperparameters:
+                raise TargetError(
+                    f"{root} holds checkpoints of a different config; resuming would mix runs. "
+                    "Pass --fresh to start over, or set local.output_dir to another directory"
+                )
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(json.dumps(hyperparameters, indent=2))
+        (root / "output").mkdir(exist_ok=True)
+        (root / "output" / "failure").unlink(missing_ok=True)
+        channel = root / "input" / "data" / "train"
+        if channel.is_symlink() or channel.exists():
+            channel.unlink() if channel.is_symlink() else shutil.rmtree(channel)
+        source = Path(config.data.source)
+        if not config.data.source.startswith("builtin:") and source.exists():
+            channel.parent.mkdir(parents=True, exist_ok=True)
+            channel.symlink_to(source.resolve())
+
+
+TARGET = LocalTarget()
