@@ -228,6 +228,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if hooks[1].requested:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
         return EXIT_INTERRUPTED
+    if settings.training.distributed == "ddp":
+        check_ranks_agree(model)
     adapter_dir = paths.model_dir / "adapter"
     trainer.save_model(str(adapter_dir))  # gathers FSDP shards; writes on rank 0 only
     if trainer.is_world_process_zero():
@@ -248,6 +250,23 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         if settings.training.merge_adapter:
             log(f"merged model: {paths.model_dir / 'merged'}")
     return 0
+
+
+def check_ranks_agree(model) -> None:
+    """DDP keeps replicas identical; prove it, because a silent divergence would ship rank 0's half-model."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    trainable = [p.detach().float() for p in model.parameters() if p.requires_grad]
+    local = torch.stack([t.sum() for t in trainable] + [t.abs().sum() for t in trainable]).double()
+    local = local.to("cuda" if torch.cuda.is_available() else "cpu")
+    gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    if any(not torch.allclose(g, gathered[0], rtol=1e-6, atol=1e-8) for g in gathered[1:]):
+        raise RuntimeError("ranks disagree on the adapter weights after training")
+    log(f"ranks agree on the adapter weights ({dist.get_world_size()} processes, checksum {local.sum():.6e})")
 
 
 def merge(settings: TrainSettings, adapter_dir: Path, out: Path) -> None:

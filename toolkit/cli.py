@@ -26,8 +26,8 @@ data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
 SetOpt = Annotated[

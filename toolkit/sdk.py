@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config import Config, load_config
+from toolkit.config.loader import validate
 from toolkit.targets.base import Job, get_target
 
 
@@ -19,7 +20,7 @@ def _as_config(
 ) -> Config:
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     if target is not None and target != cfg.target:  # re-validate: targets have rules of their own
-        cfg = Config.model_validate({**cfg.model_dump(), "target": target})
+        cfg = validate({**cfg.model_dump(), "target": target}, f"{cfg.name} with target {target}")
     return cfg
 
 

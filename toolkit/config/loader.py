@@ -59,6 +59,11 @@ def load_config(
     for item in overrides:
         _apply_override(raw, item)
     _refuse_secrets(raw, label)
+    return validate(raw, label)
+
+
+def validate(raw: dict, label: str) -> Config:
+    """Validate a raw mapping; errors become one ConfigError naming `label` and each field path."""
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
@@ -190,6 +195,6 @@ def _suggest(loc: list[str]) -> str:
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     if model is None:
         return ""
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.4)
     valid = ", ".join(model.model_fields)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {valid}"
+    return f"; did you mean {close[0]!r}? (valid keys: {valid})" if close else f"; valid keys: {valid}"

@@ -1,0 +1,137 @@
+"""Real LoRA training of the tiny gpt-oss on CPU, through the real entrypoint and the /opt/ml contract."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.entrypoints.helpers import ENTRYPOINT, entrypoint_env, lay_out, losses, run_entrypoint
+
+pytestmark = pytest.mark.integration
+
+EXPERTS = "lora.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]"
+
+
+def _logits(model, input_ids):
+    with torch.no_grad():
+        return model(input_ids=input_ids).logits
+
+
+@pytest.mark.parametrize(
+    "lora", [["lora.target_parameters=[]"], [EXPERTS]], ids=["attention", "attention+experts"]
+)
+def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    root = lay_out(tmp_path, [*lora, "training.max_steps=30", "training.save_steps=0"])
+    result = run_entrypoint(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    curve = losses(result.stdout)
+    assert len(curve) == 30
+    assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5 - 0.1, curve  # it learns
+
+    adapter, merged = root / "model" / "adapter", root / "model" / "merged"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert {m.rsplit(".", 1)[-1] for m in config["target_modules"]} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert bool(config.get("target_parameters")) == (lora == [EXPERTS])
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    input_ids = torch.tensor([[5, 17, 42, 99, 7, 300, 12, 8]])
+    base_logits = _logits(base, input_ids)
+    with_adapter = PeftModel.from_pretrained(base, adapter).eval()
+    adapter_logits = _logits(with_adapter, input_ids)
+    assert not torch.allclose(adapter_logits, base_logits, atol=1e-4), "the adapter changed nothing"
+
+    reloaded = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    torch.testing.assert_close(_logits(reloaded, input_ids), adapter_logits, rtol=1e-4, atol=1e-4)
+    run = json.loads((root / "model" / "run.json").read_text())
+    assert run["global_step"] == 30 and run["data"]["rows_out"] == 24
+    assert not (root / "output" / "failure").exists()
+
+
+def test_mxfp4_checkpoint_dequantizes_trains_and_merges(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from entrypoints.tiny_model import tiny_gpt_oss_path
+
+    mxfp4 = tiny_gpt_oss_path(mxfp4=True)
+    assert json.loads((mxfp4 / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    root = lay_out(tmp_path, ["model.id=builtin:tiny-gpt-oss-mxfp4", "training.max_steps=3", EXPERTS])
+    result = run_entrypoint(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(losses(result.stdout)) == 3
+
+    # The merged model must reload with the trained experts, not silently re-initialised ones.
+    from peft import PeftModel
+    from transformers import Mxfp4Config
+
+    base = AutoModelForCausalLM.from_pretrained(
+        mxfp4, dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True)
+    )
+    input_ids = torch.tensor([[5, 17, 42, 99, 7, 300]])
+    expected = _logits(PeftModel.from_pretrained(base, root / "model" / "adapter").eval(), input_ids)
+    merged = AutoModelForCausalLM.from_pretrained(root / "model" / "merged", dtype=torch.float32).eval()
+    torch.testing.assert_close(_logits(merged, input_ids), expected, rtol=1e-4, atol=1e-4)
+
+
+def _adapter_weights(root):
+    from safetensors.torch import load_file
+
+    return load_file(str(root / "model" / "adapter" / "adapter_model.safetensors"))
+
+
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
+    common = ["training.max_steps=24", "training.save_steps=100", "training.merge_adapter=false"]
+    straight = lay_out(tmp_path / "straight", common)
+    assert run_entrypoint(straight).returncode == 0
+
+    interrupted = lay_out(tmp_path / "interrupted", common)
+    process = subprocess.Popen(
+        [sys.executable, str(ENTRYPOINT)], env=entrypoint_env(interrupted),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("[metrics] step=5/"):
+            process.send_signal(signal.SIGTERM)
+            break
+    output = process.stdout.read()
+    assert process.wait(timeout=120) == 143, output
+    assert "stopped by SIGTERM" in output
+    checkpoints = sorted((interrupted / "checkpoints").glob("checkpoint-*"))
+    assert len(checkpoints) == 1 and 5 <= int(checkpoints[0].name.split("-")[1]) < 24
+    assert not (interrupted / "model" / "adapter").exists()
+
+    resumed = run_entrypoint(interrupted)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"resuming from {checkpoints[0]}" in resumed.stdout
+    assert json.loads((interrupted / "model" / "run.json").read_text())["global_step"] == 24
+    expected, actual = _adapter_weights(straight), _adapter_weights(interrupted)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_failure_file_on_missing_channel(tmp_path):
+    root = lay_out(tmp_path, ["data.source=s3://bucket/never-downloaded/"])
+    result = run_entrypoint(root)
+    assert result.returncode == 1
+    reason = (root / "output" / "failure").read_text()
+    assert "data channel 'train' not found" in reason and "s3://bucket/never-downloaded/" in reason
+
+
+def test_failure_file_on_corrupt_data(tmp_path):
+    root = lay_out(tmp_path, [])
+    channel = root / "input" / "data" / "train"
+    channel.mkdir(parents=True)
+    (channel / "rows.jsonl").write_text('{"user": "hi", "final": "hello"\nnot json at all\n')
+    result = run_entrypoint(root)
+    assert result.returncode == 1
+    reason = (root / "output" / "failure").read_text()
+    assert "cannot read json data" in reason and str(channel) in reason
