@@ -64,14 +64,14 @@ def load_rows(source: str | Path, split: str = "train"):
             if matching:
                 try:
                     return datasets.load_dataset(kind, data_files=matching, split="train")
-                except Exception as exc:  # noqa: BLE001 - the library raises many kinds; all mean unreadable
+                except Exception as exc:
                     raise DataError(f"{source}: cannot read {kind} data: {_first_line(exc)}") from exc
         raise DataError(f"{source}: no .jsonl, .json, .parquet or save_to_disk dataset found")
     if str(source).startswith("s3://"):
         raise DataError(f"{source}: S3 data must be downloaded first (the toolkit maps it to a channel)")
     try:
         return datasets.load_dataset(str(source), split=split)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise DataError(f"{source}: not a local path, and loading it from the hub failed: {_first_line(exc)}") from exc
 
 
@@ -98,7 +98,12 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
         raise ValueError("field 'messages' is missing or not a list")
     clean = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer", "user", "assistant"):
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+        ):
             raise ValueError(f"messages[{i}] needs a role of system, developer, user or assistant")
         if not isinstance(message.get("content"), str):
             raise ValueError(f"messages[{i}].content must be a string")

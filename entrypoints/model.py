@@ -55,7 +55,7 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     if device_map is not None:
         kwargs["device_map"] = device_map
     if settings.dequantize_mxfp4 and is_mxfp4_checkpoint(path, settings.revision):
-        from transformers import Mxfp4Config
+        from transformers.utils.quantization_config import Mxfp4Config
 
         kwargs["quantization_config"] = Mxfp4Config(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

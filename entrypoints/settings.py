@@ -73,12 +73,8 @@ class DataSettings(StrictModel):
         description="Row schema: HuggingFaceH4/Multilingual-Thinking, or plain chat `messages`.",
     )
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
-    overlong: Literal["drop", "truncate"] = Field(
-        "drop", description="What to do with rows longer than max_length."
-    )
-    skip_bad_rows: bool = Field(
-        False, description="Skip rows that do not match the schema instead of failing."
-    )
+    overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
+    skip_bad_rows: bool = Field(False, description="Skip rows that do not match the schema instead of failing.")
 
 
 class LoraSettings(StrictModel):
@@ -100,9 +96,7 @@ class LoraSettings(StrictModel):
     @model_validator(mode="after")
     def _expert_lora_needs_no_dropout(self) -> LoraSettings:
         if self.target_parameters and self.dropout != 0:
-            raise ValueError(
-                "PEFT rejects dropout on target_parameters (expert LoRA): set lora.dropout to 0"
-            )
+            raise ValueError("PEFT rejects dropout on target_parameters (expert LoRA): set lora.dropout to 0")
         if isinstance(self.target_modules, list) and not self.target_modules:
             raise ValueError("lora.target_modules is empty: list module names or use 'all-linear'")
         return self
@@ -116,29 +110,23 @@ class TrainingSettings(StrictModel):
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
     per_device_batch_size: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(1, ge=1)
-    lr_scheduler: Literal[
-        "cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"
-    ] = "cosine_with_min_lr"
-    min_lr_rate: float = Field(
-        0.1, ge=0, le=1, description="Floor of cosine_with_min_lr, as a fraction of the peak."
+    lr_scheduler: Literal["cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"] = (
+        "cosine_with_min_lr"
     )
+    min_lr_rate: float = Field(0.1, ge=0, le=1, description="Floor of cosine_with_min_lr, as a fraction of the peak.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps spent warming up.")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     gradient_checkpointing: bool = True
     seed: int = 42
-    save_steps: int = Field(
-        50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM)."
-    )
+    save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")
     logging_steps: int = Field(1, ge=1)
     report_to: list[Literal["mlflow", "tensorboard"]] = Field(default_factory=list)
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
     )
-    merge_adapter: bool = Field(
-        True, description="Also write the adapter merged into the base weights (for vLLM)."
-    )
+    merge_adapter: bool = Field(True, description="Also write the adapter merged into the base weights (for vLLM).")
 
     @model_validator(mode="after")
     def _scheduler_floor(self) -> TrainingSettings:

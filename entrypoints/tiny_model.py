@@ -118,7 +118,7 @@ def _build(out: Path, mxfp4: bool) -> None:
         tie_word_embeddings=False,
     )
     torch.manual_seed(RECIPE["seed"])
-    model = GptOssForCausalLM(config).to(torch.float32)
+    model = GptOssForCausalLM(config)
     with torch.no_grad():  # random-init experts are huge relative to this width; tame them
         for name, param in model.named_parameters():
             if "experts" in name and param.dim() >= 2:
@@ -146,7 +146,12 @@ def _save_mxfp4(model, out: Path) -> None:
     config = model.config.to_dict()
     config["quantization_config"] = {
         "quant_method": "mxfp4",
-        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
 

@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script (SageMaker's source dir): make `entrypoints` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from entrypoints.settings import TrainSettings, from_hyperparameters  # noqa: E402
+from entrypoints.settings import TrainSettings, from_hyperparameters
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 
@@ -78,7 +78,7 @@ def data_source(settings: TrainSettings, paths: Paths) -> str:
     if paths.train_channel.exists():
         return str(paths.train_channel)
     source = settings.data.source
-    if source.startswith("builtin:") or Path(source).exists() or "://" not in source and not source.startswith("/"):
+    if source.startswith("builtin:") or Path(source).exists() or ("://" not in source and not source.startswith("/")):
         return source
     raise FileNotFoundError(
         f"data channel 'train' not found at {paths.train_channel}, and data.source {source!r} "
@@ -187,9 +187,20 @@ def callbacks():
             self.requested = True
 
         def on_step_end(self, args, state, control, **kwargs):
-            if self.requested:
+            if self._anyone_requested():
+                self.requested = True
                 control.should_save = True
                 control.should_training_stop = True
+
+        def _anyone_requested(self) -> bool:
+            """Ranks see the signal at different steps; agree, or one saves while another trains on."""
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return self.requested
+            flag = torch.tensor([int(self.requested)], device="cuda" if torch.cuda.is_available() else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return bool(flag.item())
 
     return [Metrics(), SaveOnSigterm()]
 
@@ -307,7 +318,7 @@ def main() -> int:
     try:
         settings = read_settings(paths)
         return train(settings, paths)
-    except Exception as exc:  # noqa: BLE001 - every failure must reach the failure file
+    except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
         paths.failure.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -30,9 +29,7 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
-SetOpt = Annotated[
-    list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")
-]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
 
 
@@ -51,7 +48,9 @@ def load(source: str, overrides: list[str] | None):
 
 
 @config_app.command("validate")
-def config_validate(files: Annotated[list[str], typer.Argument(help="Files or preset names.")], set_: SetOpt = None) -> None:
+def config_validate(
+    files: Annotated[list[str], typer.Argument(help="Files or preset names.")], set_: SetOpt = None
+) -> None:
     """Validate configs; exit 2 on the first problem, naming the file and field."""
     for source in files:
         cfg = load(source, set_)

@@ -15,9 +15,7 @@ from toolkit.config.loader import validate
 from toolkit.targets.base import Job, get_target
 
 
-def _as_config(
-    config: Config | str | Path, overrides: Sequence[str] = (), target: str | None = None
-) -> Config:
+def _as_config(config: Config | str | Path, overrides: Sequence[str] = (), target: str | None = None) -> Config:
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     if target is not None and target != cfg.target:  # re-validate: targets have rules of their own
         cfg = validate({**cfg.model_dump(), "target": target}, f"{cfg.name} with target {target}")

@@ -22,9 +22,7 @@ def _logits(model, input_ids):
         return model(input_ids=input_ids).logits
 
 
-@pytest.mark.parametrize(
-    "lora", [["lora.target_parameters=[]"], [EXPERTS]], ids=["attention", "attention+experts"]
-)
+@pytest.mark.parametrize("lora", [["lora.target_parameters=[]"], [EXPERTS]], ids=["attention", "attention+experts"])
 def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -38,7 +36,12 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
 
     adapter, merged = root / "model" / "adapter", root / "model" / "merged"
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert {m.rsplit(".", 1)[-1] for m in config["target_modules"]} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert {m.rsplit(".", 1)[-1] for m in config["target_modules"]} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+    }
     assert bool(config.get("target_parameters")) == (lora == [EXPERTS])
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)

@@ -73,9 +73,7 @@ def test_schema_is_json_schema_that_accepts_presets():
 
 def test_dry_run_local_launches_nothing(tmp_path):
     out_dir = tmp_path / "run"
-    result = runner.invoke(
-        app, ["train", "tiny-gpt-oss-local", "--dry-run", "--set", f"local.output_dir={out_dir}"]
-    )
+    result = runner.invoke(app, ["train", "tiny-gpt-oss-local", "--dry-run", "--set", f"local.output_dir={out_dir}"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert plan["hyperparameters"]["lora.r"] == "8"

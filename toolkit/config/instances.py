@@ -39,6 +39,4 @@ def instance(name: str, field: str) -> Instance:
         return INSTANCES[name]
     except KeyError:
         known = ", ".join(sorted(INSTANCES))
-        raise ValueError(
-            f"{field}: unknown GPU instance type {name!r}; use one of: {known}"
-        ) from None
+        raise ValueError(f"{field}: unknown GPU instance type {name!r}; use one of: {known}") from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,14 +47,10 @@ def read_source(source: str | Path) -> tuple[str, str]:
         return f"preset {source}", (_presets() / f"{source}.yaml").read_text()
     if path.suffix in (".yaml", ".yml") or os.sep in str(source):
         raise ConfigError(f"{source}: no such file")
-    raise ConfigError(
-        f"{source}: neither a file nor a preset; presets: {', '.join(preset_names())}"
-    )
+    raise ConfigError(f"{source}: neither a file nor a preset; presets: {', '.join(preset_names())}")
 
 
-def load_config(
-    source: str | Path, overrides: list[str] | tuple[str, ...] = (), env: dict[str, str] | None = None
-) -> Config:
+def load_config(source: str | Path, overrides: Sequence[str] = (), env: dict[str, str] | None = None) -> Config:
     """Load, compose and validate a config. `overrides` are `dotted.path=value` strings."""
     label, raw = _load_raw(source, env if env is not None else dict(os.environ), seen=())
     for item in overrides:
@@ -93,7 +90,7 @@ def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) ->
     base_source = Path(label).parent / base if Path(label).is_file() and not Path(base).is_absolute() else base
     if not Path(base_source).is_file():
         base_source = base
-    _, base_raw = _load_raw(base_source, env, seen + (str(base),))
+    _, base_raw = _load_raw(base_source, env, (*seen, str(base)))
     return label, _deep_merge(base_raw, raw)
 
 
@@ -112,8 +109,7 @@ def _interpolate(node: Any, env: dict[str, str], label: str, path: str) -> Any:
         if default is not None:
             return default
         raise ConfigError(
-            f"{label}: {path}: environment variable {name} is not set; "
-            f"export it or write ${{{name}:-default}}"
+            f"{label}: {path}: environment variable {name} is not set; export it or write ${{{name}:-default}}"
         )
 
     return _ENV_REF.sub(substitute, node)

@@ -17,9 +17,7 @@ class LocalTarget(StrictModel):
     """Run the entrypoint on this machine under torchrun, in an /opt/ml-style tree."""
 
     nproc_per_node: int = Field(1, ge=1, description="Processes (one per GPU; CPU: gloo).")
-    output_dir: str = Field(
-        "runs/{name}", description="Where artifacts land; {name} is the config name."
-    )
+    output_dir: str = Field("runs/{name}", description="Where artifacts land; {name} is the config name.")
 
 
 class TrainingJobTarget(StrictModel):
@@ -27,9 +25,7 @@ class TrainingJobTarget(StrictModel):
 
     instance_type: str = "ml.p5.48xlarge"
     instance_count: int = Field(1, ge=1)
-    image_uri: str | None = Field(
-        None, description="Training image; default: the pinned AWS PyTorch container."
-    )
+    image_uri: str | None = Field(None, description="Training image; default: the pinned AWS PyTorch container.")
     spot: bool = Field(False, description="Managed spot training (resumes from checkpoints).")
     max_run_seconds: int = Field(86_400, ge=60)
     max_wait_seconds: int | None = Field(None, description="Spot only: >= max_run_seconds.")
@@ -49,15 +45,11 @@ class TrainingJobTarget(StrictModel):
             if self.max_wait_seconds is None:
                 self.max_wait_seconds = self.max_run_seconds * 2
             if self.max_wait_seconds < self.max_run_seconds:
-                raise ValueError(
-                    "training_job.max_wait_seconds must be >= max_run_seconds for spot jobs"
-                )
+                raise ValueError("training_job.max_wait_seconds must be >= max_run_seconds for spot jobs")
         elif self.max_wait_seconds is not None:
             raise ValueError("training_job.max_wait_seconds applies only with spot: true")
         if bool(self.subnets) != bool(self.security_group_ids):
-            raise ValueError(
-                "training_job.subnets and training_job.security_group_ids go together: set both"
-            )
+            raise ValueError("training_job.subnets and training_job.security_group_ids go together: set both")
         return self
 
 
@@ -78,9 +70,7 @@ class HyperPodTarget(StrictModel):
     gpus_per_node: int | None = Field(None, ge=0, description="Default: the instance type's GPUs.")
     image: str | None = Field(None, description="Container image (EKS; Slurm with pyxis).")
     fsx: FsxSettings = Field(default_factory=FsxSettings)
-    job_dir: str = Field(
-        "{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path."
-    )
+    job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
     namespace: str = "default"
     queue: str | None = Field(None, description="Kueue local queue.")
     priority: str | None = Field(None, description="Kueue priority class.")
@@ -92,10 +82,7 @@ class HyperPodTarget(StrictModel):
         if self.gpus_per_node is None:
             self.gpus_per_node = gpus
         elif self.gpus_per_node > gpus:
-            raise ValueError(
-                f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} "
-                f"has {gpus} GPUs"
-            )
+            raise ValueError(f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} has {gpus} GPUs")
         return self
 
 
@@ -118,8 +105,7 @@ class ServingSettings(StrictModel):
             self.tensor_parallel_size = gpus
         elif self.tensor_parallel_size > gpus:
             raise ValueError(
-                f"serving.tensor_parallel_size is {self.tensor_parallel_size} but "
-                f"{self.instance_type} has {gpus} GPUs"
+                f"serving.tensor_parallel_size is {self.tensor_parallel_size} but {self.instance_type} has {gpus} GPUs"
             )
         return self
 
@@ -131,16 +117,12 @@ class AwsSettings(StrictModel):
     role: str | None = Field(None, description="SageMaker execution role ARN.")
     bucket: str | None = Field(None, description="S3 bucket for code, data and artifacts.")
     prefix: str = Field("toolkit", description="Key prefix inside the bucket.")
-    endpoint_url: str | None = Field(
-        None, description="Override every AWS endpoint (e.g. a local emulator)."
-    )
+    endpoint_url: str | None = Field(None, description="Override every AWS endpoint (e.g. a local emulator).")
 
     @model_validator(mode="after")
     def _check(self) -> AwsSettings:
         if self.role and not re.fullmatch(r"arn:aws[\w-]*:iam::\d{12}:role/.+", self.role):
-            raise ValueError(
-                "aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name"
-            )
+            raise ValueError("aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name")
         return self
 
 

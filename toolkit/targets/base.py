@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ TARGET_MODULES = {
 }
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     COMPLETED = "Completed"

@@ -44,6 +44,7 @@ class LocalJob:
     name: str
     root: Path
     process: subprocess.Popen | None = None
+    stop_requested: bool = False  # torchrun exits 1 on SIGTERM even when the workers checkpointed cleanly
 
     @property
     def log_path(self) -> Path:
@@ -64,7 +65,7 @@ class LocalJob:
             return JobState(self.name, Status.RUNNING)
         if failure.exists():
             return JobState(self.name, Status.FAILED, failure.read_text().strip())
-        if code == 143 or (code is not None and code < 0):
+        if self.stop_requested or code == 143:
             return JobState(self.name, Status.STOPPED, "stopped; run the same command again to resume")
         if code not in (None, 0):
             return JobState(self.name, Status.FAILED, f"exit code {code}; see {self.log_path}")
@@ -79,6 +80,7 @@ class LocalJob:
     def stop(self) -> None:
         """SIGTERM, as a spot interruption: the entrypoint checkpoints and exits."""
         if self.process and self.process.poll() is None:
+            self.stop_requested = True
             os.killpg(self.process.pid, signal.SIGTERM)
 
     def wait(self, on_line: Callable[[str], None] | None = None) -> JobState:
@@ -129,27 +131,45 @@ class LocalTarget:
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:
         hyperparameters = to_hyperparameters(config.train_settings())
         config_file = root / "input" / "config" / "hyperparameters.json"
-        checkpoints = root / "checkpoints"
         if fresh:
-            for stale in (checkpoints, root / "model", root / "output"):
+            for stale in (root / "checkpoints", root / "model", root / "output"):
                 shutil.rmtree(stale, ignore_errors=True)
-        elif checkpoints.exists() and any(checkpoints.iterdir()) and config_file.exists():
-            if json.loads(config_file.read_text()) != hyperparameters:
-                raise TargetError(
-                    f"{root} holds checkpoints of a different config; resuming would mix runs. "
-                    "Pass --fresh to start over, or set local.output_dir to another directory"
-                )
+        elif _has_checkpoints(root) and config_file.exists() and json.loads(config_file.read_text()) != hyperparameters:
+            raise TargetError(
+                f"{root} holds checkpoints of a different config; resuming would mix runs. "
+                "Pass --fresh to start over, or set local.output_dir to another directory"
+            )
         config_file.parent.mkdir(parents=True, exist_ok=True)
         config_file.write_text(json.dumps(hyperparameters, indent=2))
         (root / "output").mkdir(exist_ok=True)
         (root / "output" / "failure").unlink(missing_ok=True)
-        channel = root / "input" / "data" / "train"
-        if channel.is_symlink() or channel.exists():
-            channel.unlink() if channel.is_symlink() else shutil.rmtree(channel)
-        source = Path(config.data.source)
-        if not config.data.source.startswith("builtin:") and source.exists():
-            channel.parent.mkdir(parents=True, exist_ok=True)
-            channel.symlink_to(source.resolve())
+        _link_train_channel(config.data.source, root / "input" / "data" / "train")
+
+
+def _has_checkpoints(root: Path) -> bool:
+    return any((root / "checkpoints").glob("checkpoint-*"))
+
+
+def _link_train_channel(source: str, channel: Path) -> None:
+    """Local data becomes the 'train' channel (a directory, as in SageMaker); builtin/hub data is loaded by name."""
+    if channel.is_symlink():
+        channel.unlink()
+    elif channel.exists():
+        shutil.rmtree(channel)
+    if source.startswith("s3://"):
+        raise TargetError(
+            f"data.source {source} is on S3: the local target reads local data; "
+            "download it, or train with --target training-job"
+        )
+    path = Path(source)
+    if source.startswith("builtin:") or not path.exists():
+        return
+    if path.is_dir():
+        channel.parent.mkdir(parents=True, exist_ok=True)
+        channel.symlink_to(path.resolve())
+    else:
+        channel.mkdir(parents=True)
+        (channel / path.name).symlink_to(path.resolve())
 
 
 TARGET = LocalTarget()

@@ -1,0 +1,109 @@
+"""The local target: the real entrypoint under torchrun on this machine, through the SDK and the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+import toolkit
+from toolkit.cli import app
+from toolkit.config import load_config
+from toolkit.targets.base import Status, TargetError
+
+pytestmark = pytest.mark.integration
+
+
+def test_two_processes_ddp_gloo_ranks_agree_only_rank0_writes(tmp_path):
+    config = load_config(
+        "tiny-gpt-oss-local",
+        [
+            f"local.output_dir={tmp_path}/run",
+            "local.nproc_per_node=2",
+            "training.max_steps=6",
+            "training.save_steps=3",
+        ],
+    )
+    job = toolkit.train(config)
+    lines: list[str] = []
+    state = job.wait(lines.append)
+    assert state.status is Status.COMPLETED, "\n".join(lines[-40:])
+    assert "ranks agree on the adapter weights (2 processes" in "\n".join(lines)
+    steps = [line for line in lines if line.startswith("[metrics]")]
+    assert [re.search(r"step=(\d+)", s).group(1) for s in steps] == [str(i) for i in range(1, 7)]  # rank 0 only
+    run = json.loads((tmp_path / "run" / "model" / "run.json").read_text())
+    assert run["global_step"] == 6
+    assert set(state.artifacts) == {"adapter", "merged"}
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.is_dir()) == [
+        "checkpoint-3",
+        "checkpoint-6",
+    ]
+
+
+def test_stop_checkpoints_then_the_same_command_resumes(tmp_path):
+    config = load_config(
+        "tiny-gpt-oss-local",
+        [f"local.output_dir={tmp_path}/run", "local.nproc_per_node=2", "training.max_steps=40",
+         "training.save_steps=100", "training.merge_adapter=false"],
+    )  # fmt: skip
+    job = toolkit.train(config)
+
+    def stop_at_step_3(line: str) -> None:
+        if line.startswith("[metrics] step=3/"):
+            job.stop()
+
+    state = job.wait(stop_at_step_3)
+    assert state.status is Status.STOPPED, state
+    saved = list((tmp_path / "run" / "checkpoints").glob("checkpoint-*"))
+    assert len(saved) == 1
+
+    lines: list[str] = []
+    state = toolkit.train(config).wait(lines.append)
+    assert state.status is Status.COMPLETED
+    assert f"resuming from {saved[0]}" in "\n".join(lines)
+
+
+def test_output_dir_of_another_config_is_not_mixed_in(tmp_path):
+    root = tmp_path / "run"
+    (root / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (root / "input" / "config").mkdir(parents=True)
+    (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps({"lora.r": "64"}))
+    with pytest.raises(TargetError, match="holds checkpoints of a different config.*--fresh"):
+        toolkit.train("tiny-gpt-oss-local", overrides=[f"local.output_dir={root}"])
+
+
+def test_cli_prepare_then_train_on_prepared_data(tmp_path):
+    runner = CliRunner()
+    prepared = tmp_path / "prepared"
+    result = runner.invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", str(prepared)])
+    assert result.exit_code == 0, result.output
+    assert "tokens_median" in result.output and (prepared / "state.json").exists()
+
+    result = runner.invoke(
+        app,
+        ["train", "tiny-gpt-oss-local", "--set", f"data.source={prepared}", "--set", f"local.output_dir={tmp_path}/run",
+         "--set", "training.max_steps=2", "--set", "training.merge_adapter=false"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"adapter: {tmp_path}/run/model/adapter" in result.output
+    assert (tmp_path / "run" / "input" / "data" / "train").resolve() == prepared.resolve()
+
+
+def test_cli_reports_a_failed_job_with_its_reason(tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text("{broken\n")
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "tiny-gpt-oss-local",
+            "--set",
+            f"data.source={bad}",
+            "--set",
+            f"local.output_dir={tmp_path}/run",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "failed: DataError" in result.output and "cannot read json data" in result.output
