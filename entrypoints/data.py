@@ -142,25 +142,12 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     report.rows_in = len(dataset)
     if is_tokenized(dataset):
         return _enforce_length(dataset.select_columns(list(TOKENIZED_COLUMNS)), settings, report)
-    template = training_chat_template(tokenizer)
-    input_ids, labels = [], []
+    conversations = []
     for index, row in enumerate(dataset):
         try:
-            messages = to_messages(row, settings.format)
+            conversations.append(to_messages(row, settings.format))
         except ValueError as exc:
             report.bad_rows.append((index, str(exc)))
-            continue
-        encoded = tokenizer.apply_chat_template(
-            messages,
-            chat_template=template,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
-        ids = list(encoded["input_ids"])
-        mask = encoded["assistant_masks"]
-        input_ids.append(ids)
-        labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)])
     if report.bad_rows and not settings.skip_bad_rows:
         shown = "; ".join(f"row {i}: {why}" for i, why in report.bad_rows[:5])
         more = f" (and {len(report.bad_rows) - 5} more)" if len(report.bad_rows) > 5 else ""
@@ -170,8 +157,27 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
         )
     import datasets
 
-    tokenized = datasets.Dataset.from_dict({"input_ids": input_ids, "labels": labels})
+    tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer))
     return _enforce_length(tokenized, settings, report)
+
+
+def _tokenize(conversations: list, tokenizer, chunk: int = 256) -> dict[str, list]:
+    """Render + tokenize in chunks (the fast tokenizer encodes a chunk at once); labels from the mask."""
+    template = training_chat_template(tokenizer)
+    input_ids: list[list[int]] = []
+    labels: list[list[int]] = []
+    for start in range(0, len(conversations), chunk):
+        encoded = tokenizer.apply_chat_template(
+            conversations[start : start + chunk],
+            chat_template=template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        for ids, mask in zip(encoded["input_ids"], encoded["assistant_masks"], strict=True):
+            input_ids.append(list(ids))
+            labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)])
+    return {"input_ids": input_ids, "labels": labels}
 
 
 def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):

@@ -105,24 +105,26 @@ class LoraSettings(StrictModel):
 class TrainingSettings(StrictModel):
     """The optimisation loop (TRL SFTTrainer)."""
 
-    learning_rate: float = Field(2e-4, gt=0)
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
     num_epochs: float = Field(1, gt=0, description="Epochs; ignored when max_steps is set.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
-    per_device_batch_size: int = Field(1, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    lr_scheduler: Literal["cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"] = (
-        "cosine_with_min_lr"
+    per_device_batch_size: int = Field(1, ge=1, description="Rows per micro-batch per GPU.")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    lr_scheduler: Literal["cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"] = Field(
+        "cosine_with_min_lr", description="Learning-rate schedule after warmup."
     )
     min_lr_rate: float = Field(0.1, ge=0, le=1, description="Floor of cosine_with_min_lr, as a fraction of the peak.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps spent warming up.")
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    gradient_checkpointing: bool = True
-    seed: int = 42
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    gradient_checkpointing: bool = Field(True, description="Recompute activations: less memory, more compute.")
+    seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")
-    logging_steps: int = Field(1, ge=1)
-    report_to: list[Literal["mlflow", "tensorboard"]] = Field(default_factory=list)
+    logging_steps: int = Field(1, ge=1, description="Print a metrics line every N steps.")
+    report_to: list[Literal["mlflow", "tensorboard"]] = Field(
+        default_factory=list, description="Also log metrics to these trackers."
+    )
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
     )

@@ -74,6 +74,14 @@ def config_schema() -> None:
     sys.stdout.write(json.dumps(Config.model_json_schema(), indent=2) + "\n")
 
 
+@config_app.command("reference")
+def config_reference() -> None:
+    """Print the config reference as Markdown (the README's reference is this output)."""
+    from toolkit.config.reference import markdown
+
+    sys.stdout.write(markdown())
+
+
 @config_app.command("presets")
 def config_presets() -> None:
     """List the presets shipped with the toolkit."""

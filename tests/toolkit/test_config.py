@@ -148,3 +148,11 @@ def test_hyperparameters_round_trip_the_shared_schema():
         "v_proj",
         "o_proj",
     ]
+
+
+def test_readme_config_reference_is_current():
+    from toolkit.config.reference import BEGIN, END, markdown
+
+    readme = (REPO / "README.md").read_text()
+    embedded = readme[readme.index(BEGIN) + len(BEGIN) : readme.index(END)]
+    assert embedded.strip() == markdown().strip(), "run: toolkit config reference, and paste it into README.md"

@@ -5,7 +5,6 @@ Every failure becomes one `ConfigError` that names the file, the field path and 
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Sequence
@@ -24,6 +23,9 @@ _SECRET_SHAPES = {
     "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
     "an AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
 }
+
+
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ConfigError(Exception):
@@ -70,7 +72,7 @@ def validate(raw: dict, label: str) -> Config:
 def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) -> tuple[str, dict]:
     label, text = read_source(source)
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_YamlLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -191,6 +193,8 @@ def _suggest(loc: list[str]) -> str:
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
     if model is None:
         return ""
+    import difflib
+
     close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.4)
     valid = ", ".join(model.model_fields)
     return f"; did you mean {close[0]!r}? (valid keys: {valid})" if close else f"; valid keys: {valid}"

@@ -23,20 +23,20 @@ class LocalTarget(StrictModel):
 class TrainingJobTarget(StrictModel):
     """A SageMaker training job."""
 
-    instance_type: str = "ml.p5.48xlarge"
-    instance_count: int = Field(1, ge=1)
+    instance_type: str = Field("ml.p5.48xlarge", description="GPU instance type; torchrun starts one process per GPU.")
+    instance_count: int = Field(1, ge=1, description="Nodes.")
     image_uri: str | None = Field(None, description="Training image; default: the pinned AWS PyTorch container.")
     spot: bool = Field(False, description="Managed spot training (resumes from checkpoints).")
-    max_run_seconds: int = Field(86_400, ge=60)
+    max_run_seconds: int = Field(86_400, ge=60, description="Stop the job after this long.")
     max_wait_seconds: int | None = Field(None, description="Spot only: >= max_run_seconds.")
-    volume_size_gb: int = Field(500, ge=1)
-    subnets: list[str] = Field(default_factory=list)
-    security_group_ids: list[str] = Field(default_factory=list)
+    volume_size_gb: int = Field(500, ge=1, description="EBS volume per node (model, checkpoints).")
+    subnets: list[str] = Field(default_factory=list, description="VPC subnets (with security_group_ids).")
+    security_group_ids: list[str] = Field(default_factory=list, description="VPC security groups.")
     kms_key_id: str | None = Field(None, description="KMS key for volumes and output.")
     hf_token_secret: str | None = Field(
         None, description="Secrets Manager name holding the Hugging Face token (read at submit)."
     )
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags on the job.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainingJobTarget:
@@ -64,14 +64,14 @@ class HyperPodTarget(StrictModel):
     """A HyperPod cluster, orchestrated by EKS or Slurm."""
 
     cluster: str | None = Field(None, description="HyperPod cluster name.")
-    orchestrator: Literal["eks", "slurm"] = "eks"
-    instance_type: str = "ml.p5.48xlarge"
-    nodes: int = Field(1, ge=1)
+    orchestrator: Literal["eks", "slurm"] = Field("eks", description="How the cluster runs jobs.")
+    instance_type: str = Field("ml.p5.48xlarge", description="The cluster's GPU instance type.")
+    nodes: int = Field(1, ge=1, description="Nodes for this job.")
     gpus_per_node: int | None = Field(None, ge=0, description="Default: the instance type's GPUs.")
     image: str | None = Field(None, description="Container image (EKS; Slurm with pyxis).")
     fsx: FsxSettings = Field(default_factory=FsxSettings)
     job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
-    namespace: str = "default"
+    namespace: str = Field("default", description="EKS namespace.")
     queue: str | None = Field(None, description="Kueue local queue.")
     priority: str | None = Field(None, description="Kueue priority class.")
     max_retries: int = Field(3, ge=0, description="Auto-resume attempts after node failure.")
@@ -91,12 +91,12 @@ class ServingSettings(StrictModel):
 
     endpoint_name: str | None = Field(None, description="Default: the config name.")
     image_uri: str | None = Field(None, description="Default: built from containers/serving.")
-    instance_type: str = "ml.g6e.2xlarge"
-    instance_count: int = Field(1, ge=1)
+    instance_type: str = Field("ml.g6e.2xlarge", description="Endpoint GPU instance type.")
+    instance_count: int = Field(1, ge=1, description="Endpoint instances.")
     tensor_parallel_size: int | None = Field(None, ge=1, description="Default: the instance's GPUs.")
-    max_model_len: int = Field(8192, ge=16)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_num_seqs: int = Field(64, ge=1)
+    max_model_len: int = Field(8192, ge=16, description="vLLM --max-model-len.")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
+    max_num_seqs: int = Field(64, ge=1, description="vLLM --max-num-seqs (concurrent sequences).")
 
     @model_validator(mode="after")
     def _check(self) -> ServingSettings:
@@ -113,7 +113,7 @@ class ServingSettings(StrictModel):
 class AwsSettings(StrictModel):
     """Where the cloud resources live."""
 
-    region: str = "us-east-1"
+    region: str = Field("us-east-1", description="AWS region.")
     role: str | None = Field(None, description="SageMaker execution role ARN.")
     bucket: str | None = Field(None, description="S3 bucket for code, data and artifacts.")
     prefix: str = Field("toolkit", description="Key prefix inside the bucket.")

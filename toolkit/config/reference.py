@@ -1,0 +1,51 @@
+"""The config reference in Markdown, generated from the models (the README embeds it; a test keeps it current)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from toolkit.config.models import Config
+
+BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+
+
+def _type_name(field: FieldInfo) -> str:
+    text = str(field.annotation).replace("typing.", "").replace("NoneType", "None")
+    return text.replace("<class '", "").replace("'>", "").replace("|", "\\|")
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "**required**"
+    if field.default_factory is not None:
+        made: Any = field.default_factory()  # type: ignore[call-arg]
+        return "" if isinstance(made, BaseModel) else f"`{json.dumps(made)}`"
+    return f"`{json.dumps(field.default)}`"
+
+
+def _section(prefix: str, model: type[BaseModel], out: list[str]) -> None:
+    nested: list[tuple[str, type[BaseModel]]] = []
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((f"{prefix}{name}", annotation))
+            continue
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{prefix}{name}` | `{_type_name(field)}` | {_default(field)} | {description} |")
+    if rows:
+        title = prefix.rstrip(".") or "top level"
+        doc = (model.__doc__ or "").strip().splitlines()[0] if model.__doc__ else ""
+        out += [f"### `{title}`", "", doc, "", "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+    for name, sub in nested:
+        _section(f"{name}.", sub, out)
+
+
+def markdown() -> str:
+    out: list[str] = []
+    _section("", Config, out)
+    return "\n".join(out).rstrip() + "\n"
