@@ -33,6 +33,14 @@ def is_mxfp4_checkpoint(path: str, revision: str | None = None) -> bool:
     return str(method).lower().endswith("mxfp4")
 
 
+def attention_implementation(settings: ModelSettings) -> str:
+    import torch
+
+    if settings.attn_implementation == "auto":
+        return "flex_attention" if torch.cuda.is_available() else "eager"
+    return settings.attn_implementation
+
+
 def load_tokenizer(settings: ModelSettings):
     from transformers import AutoTokenizer
 
@@ -49,7 +57,7 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     path = resolve_model_path(settings)
     kwargs: dict = {
         "dtype": compute_dtype(settings),
-        "attn_implementation": settings.attn_implementation,
+        "attn_implementation": attention_implementation(settings),
         "revision": settings.revision,
     }
     if device_map is not None:

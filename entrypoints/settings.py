@@ -39,8 +39,10 @@ class ModelSettings(StrictModel):
     dequantize_mxfp4: bool = Field(
         True, description="Load MXFP4 checkpoints (gpt-oss) with Mxfp4Config(dequantize=True)."
     )
-    attn_implementation: Literal["eager", "flex_attention", "sdpa"] = Field(
-        "eager", description="Attention kernel; gpt-oss supports eager and flex_attention (not sdpa)."
+    attn_implementation: Literal["auto", "eager", "flex_attention", "sdpa"] = Field(
+        "auto",
+        description="Attention kernel; auto = flex_attention on GPU, eager on CPU. gpt-oss supports eager "
+        "and flex_attention (not sdpa: it has attention sinks).",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
 
@@ -127,6 +129,16 @@ class TrainingSettings(StrictModel):
     )
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
+    )
+    packing: bool = Field(
+        True,
+        description="Pack rows into token-budget micro-batches with per-document attention masks (no padding, "
+        "no attention across rows) and run the LM head only on trained tokens. Off: the recipe's padded batches.",
+    )
+    tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=16,
+        description="Token budget of a packed micro-batch; default data.max_length x per_device_batch_size.",
     )
     merge_adapter: bool = Field(True, description="Also write the adapter merged into the base weights (for vLLM).")
 

@@ -121,9 +121,11 @@ def sft_config(settings: TrainSettings, paths: Paths):
             "activation_checkpointing": t.gradient_checkpointing,
             "state_dict_type": "SHARDED_STATE_DICT",
         }
+    if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
+        extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
     return SFTConfig(
         output_dir=str(paths.checkpoints),
-        per_device_train_batch_size=t.per_device_batch_size,
+        per_device_train_batch_size=1 if t.packing else t.per_device_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
         num_train_epochs=t.num_epochs,
@@ -224,12 +226,23 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if rank() == 0:
         model.print_trainable_parameters()
     hooks = callbacks()
-    trainer = SFTTrainer(
+    trainer_class, extra = SFTTrainer, {}
+    if settings.training.packing:
+        from entrypoints.packing import collate, packed_dataset, packed_trainer_class
+
+        budget = settings.training.tokens_per_micro_batch or (
+            settings.data.max_length * settings.training.per_device_batch_size
+        )
+        dataset = packed_dataset(dataset, budget, settings.training.seed)
+        log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
+        trainer_class, extra = packed_trainer_class(), {"data_collator": collate}
+    trainer = trainer_class(
         model=model,
         args=sft_config(settings, paths),
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=hooks,
+        **extra,
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
     resume = latest_checkpoint(paths)

@@ -1,0 +1,207 @@
+"""The fast training path: packed micro-batches with real document masks, and a loss that skips the prompt.
+
+- Rows are packed (first-fit decreasing) into micro-batches of at most `token_budget` tokens: no padding,
+  and one GPU launch covers many rows instead of one.
+- Packed rows never attend to each other: the attention masks are built per document, for every layer
+  type (gpt-oss alternates sliding-window and full attention). transformers' own gpt-oss path ignores
+  position_ids when it builds masks, so packing without these masks would leak attention across rows.
+- The loss runs the 201k-vocabulary head only on positions whose next token is trained (the assistant's
+  answer), in chunks that are recomputed in the backward pass: full fp32 logits never exist.
+The objective is the recipe's: token-mean cross-entropy over assistant tokens (+ the router's
+load-balancing loss with the model's own coefficient, as TRL adds it).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from entrypoints.data import IGNORE_INDEX
+
+LOSS_CHUNK = 2048  # positions per lm_head chunk: 2048 x 201k x 4 bytes = 1.6 GB of transient fp32 logits
+
+
+def pack(lengths: list[int], token_budget: int, seed: int) -> list[list[int]]:
+    """Row indices grouped into bins of at most `token_budget` tokens (first-fit decreasing), shuffled."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for index in order:
+        size = lengths[index]
+        if size > token_budget:
+            raise ValueError(f"row {index} has {size} tokens, more than the micro-batch budget {token_budget}")
+        for b, free in enumerate(room):
+            if size <= free:
+                bins[b].append(index)
+                room[b] -= size
+                break
+        else:
+            bins.append([index])
+            room.append(token_budget - size)
+    random.Random(seed).shuffle(bins)
+    return bins
+
+
+def packed_dataset(dataset, token_budget: int, seed: int):
+    """One row per micro-batch: concatenated input_ids/labels, restarting position_ids, document ids."""
+    import datasets
+
+    ids, labels = dataset["input_ids"], dataset["labels"]
+    rows: dict[str, list] = {"input_ids": [], "labels": [], "position_ids": [], "document_ids": []}
+    for group in pack([len(x) for x in ids], token_budget, seed):
+        packed: dict[str, list] = {key: [] for key in rows}
+        for doc, index in enumerate(group):
+            n = len(ids[index])
+            packed["input_ids"] += ids[index]
+            # the first token of a document is never a target: it must not be predicted from the previous one
+            packed["labels"] += [IGNORE_INDEX, *labels[index][1:]]
+            packed["position_ids"] += list(range(n))
+            packed["document_ids"] += [doc] * n
+        for key in rows:
+            rows[key].append(packed[key])
+    return datasets.Dataset.from_dict(rows)
+
+
+def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
+    """Micro-batches of packed rows, right-padded to the longest (document id -1 marks padding)."""
+    import torch
+
+    width = max(len(f["input_ids"]) for f in features)
+
+    def column(key: str, fill: int):
+        return torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in features], dtype=torch.long)
+
+    return {
+        "input_ids": column("input_ids", 0),
+        "labels": column("labels", IGNORE_INDEX),
+        "position_ids": column("position_ids", 0),
+        "document_ids": column("document_ids", -1),
+    }
+
+
+def attention_masks(config, document_ids, implementation: str) -> dict[str, Any]:
+    """Per-layer-type masks: causal, same document, and within the sliding window where the layer has one."""
+    import torch
+
+    window = getattr(config, "sliding_window", None)
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    length = document_ids.shape[1]
+    masks: dict[str, Any] = {}
+    for layer_type in types:
+        span = window if layer_type == "sliding_attention" else None
+        if implementation == "flex_attention":
+            masks[layer_type] = _block_mask(document_ids, span)
+        else:
+            q = torch.arange(length, device=document_ids.device)
+            allowed = (q[None, :] <= q[:, None])[None] & (document_ids[:, :, None] == document_ids[:, None, :])
+            allowed &= (document_ids >= 0)[:, :, None]
+            if span is not None:
+                allowed &= (q[:, None] - q[None, :] < span)[None]
+            additive = torch.zeros(allowed.shape, dtype=torch.float32, device=document_ids.device)
+            additive.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+            masks[layer_type] = additive[:, None]
+    return masks
+
+
+def _block_mask(document_ids, span: int | None):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q, kv):
+        keep = (kv <= q) & (document_ids[b, q] == document_ids[b, kv]) & (document_ids[b, q] >= 0)
+        if span is not None:
+            keep = keep & (q - kv < span)
+        return keep
+
+    batch, length = document_ids.shape
+    return create_block_mask(mask_mod, batch, None, length, length, device=document_ids.device)
+
+
+class RouterLogits:
+    """Collects each MoE router's logits during a forward (for the load-balancing loss) via hooks."""
+
+    def __init__(self, model) -> None:
+        self.logits: list[Any] = []
+        self.handles = [
+            module.register_forward_hook(self._keep)
+            for name, module in model.named_modules()
+            if name.endswith("mlp.router")
+        ]
+
+    def _keep(self, module, inputs, output) -> None:
+        self.logits.append(output[0] if isinstance(output, tuple) else output)
+
+    def pop(self) -> list[Any]:
+        taken, self.logits = self.logits, []
+        return taken
+
+
+def chunked_cross_entropy(hidden, labels, weight, chunk: int = LOSS_CHUNK):
+    """Sum of token cross-entropies over trained positions, never holding more than one chunk of logits.
+
+    `hidden` [B, T, H] are the final hidden states, `labels` [B, T] unshifted targets. Returns (sum, count).
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    targets = labels[:, 1:].reshape(-1)
+    states = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    keep = targets != IGNORE_INDEX
+    states, targets = states[keep], targets[keep]
+
+    def piece(h, t):
+        return F.cross_entropy((h @ weight.T).float(), t, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, targets.numel(), chunk):
+        h, t = states[start : start + chunk], targets[start : start + chunk]
+        total = total + checkpoint(piece, h, t, use_reentrant=False)
+    return total, targets.numel()
+
+
+class HiddenStates:
+    """Keeps the decoder's final hidden states from a forward made through the (DDP-wrapped) model."""
+
+    def __init__(self, decoder) -> None:
+        self.value = None
+        decoder.register_forward_hook(self._keep)
+
+    def _keep(self, module, inputs, output) -> None:
+        self.value = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+
+def packed_trainer_class():
+    """SFTTrainer whose loss is computed the packed way (masks per document, chunked head)."""
+    from trl import SFTTrainer
+
+    class PackedSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            causal_lm = self.accelerator.unwrap_model(model).get_base_model()
+            if not hasattr(self, "_hidden"):
+                self._hidden = HiddenStates(causal_lm.get_decoder())
+                self._routers = RouterLogits(causal_lm) if self.router_aux_loss_coef else None
+            masks = attention_masks(causal_lm.config, inputs["document_ids"], causal_lm.config._attn_implementation)
+            if self._routers is not None:
+                self._routers.pop()  # drop logits recorded by the previous backward's recomputation
+            model(
+                input_ids=inputs["input_ids"],
+                position_ids=inputs["position_ids"],
+                attention_mask=masks,
+                logits_to_keep=1,  # the head runs in chunked_cross_entropy, on trained positions only
+                output_router_logits=False,  # the router hooks collect them; the model would misread our masks
+                use_cache=False,
+            )
+            total, count = chunked_cross_entropy(self._hidden.value, inputs["labels"], causal_lm.lm_head.weight)
+            loss = total / (num_items_in_batch if num_items_in_batch is not None else max(count, 1))
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes  # DDP averages gradients; the token count is global
+            if self._routers is not None:
+                from transformers.models.gpt_oss.modeling_gpt_oss import load_balancing_loss_func
+
+                logits = tuple(self._routers.pop())
+                config = causal_lm.config
+                aux = load_balancing_loss_func(logits, config.num_local_experts, config.num_experts_per_tok, None)
+                loss = loss + self.router_aux_loss_coef * aux / self.args.gradient_accumulation_steps
+            return loss
+
+    return PackedSFTTrainer

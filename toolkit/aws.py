@@ -1,0 +1,61 @@
+"""The one place that makes boto3 sessions and clients: region, endpoint override, retries, credentials.
+
+`aws.endpoint_url` (or the standard AWS_ENDPOINT_URL) points every client at one endpoint, e.g. a local
+emulator; nothing here calls a hard-coded AWS host.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolkit.config.models import AwsSettings
+
+
+class AwsError(Exception):
+    """An AWS precondition or call failed; the message says what to do."""
+
+
+def endpoint_url(settings: AwsSettings) -> str | None:
+    return settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def session(settings: AwsSettings):
+    import boto3
+
+    made = boto3.Session(region_name=settings.region)
+    if made.get_credentials() is None:
+        raise AwsError(
+            "no AWS credentials found: run `aws configure` or `aws sso login`, "
+            "or export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+        )
+    return made
+
+
+def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any:
+    from botocore.config import Config as BotoConfig
+
+    made = boto_session or session(settings)
+    return made.client(
+        service,
+        endpoint_url=endpoint_url(settings),
+        config=BotoConfig(retries={"max_attempts": 8, "mode": "adaptive"}, user_agent_appid="toolkit"),
+    )
+
+
+def require(settings: AwsSettings, *fields: str) -> None:
+    """Fail before any request when the config lacks what the call needs."""
+    missing = [f"aws.{name}" for name in fields if not getattr(settings, name)]
+    if missing:
+        raise AwsError(
+            f"{', '.join(missing)} not set: add them to the config (`toolkit infra outputs` can write them) "
+            "or pass --set aws.<field>=..."
+        )
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://"):
+        raise AwsError(f"{uri} is not an s3:// URI")
+    bucket, _, key = uri[5:].partition("/")
+    return bucket, key
