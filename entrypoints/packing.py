@@ -62,11 +62,14 @@ def packed_dataset(dataset, token_budget: int, seed: int):
     return datasets.Dataset.from_dict(rows)
 
 
-def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
-    """Micro-batches of packed rows, right-padded to the longest (document id -1 marks padding)."""
+def collate(features: list[dict[str, Any]], pad_to: int | None = None) -> dict[str, Any]:
+    """Micro-batches of packed rows, right-padded to `pad_to` or the longest (document id -1 marks padding).
+
+    A fixed width keeps tensor shapes static, so compiled attention kernels are built once, not per batch.
+    """
     import torch
 
-    width = max(len(f["input_ids"]) for f in features)
+    width = pad_to or max(len(f["input_ids"]) for f in features)
 
     def column(key: str, fill: int):
         return torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in features], dtype=torch.long)

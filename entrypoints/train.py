@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script (SageMaker's source dir): make `entrypoints` importable
@@ -217,7 +218,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
-    from entrypoints.model import add_lora, load_model, load_tokenizer
+    from entrypoints.model import add_lora, attention_implementation, load_model, load_tokenizer
 
     started = time.monotonic()
     tokenizer = load_tokenizer(settings.model)
@@ -235,7 +236,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         )
         dataset = packed_dataset(dataset, budget, settings.training.seed)
         log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
-        trainer_class, extra = packed_trainer_class(), {"data_collator": collate}
+        fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
+        trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
     trainer = trainer_class(
         model=model,
         args=sft_config(settings, paths),
