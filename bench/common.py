@@ -10,7 +10,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def report(name: str, rows: list[dict], extra: dict | None = None) -> None:
-    columns = list(rows[0])
+    columns = list(rows[0]) if rows else []
     widths = [max(len(str(c)), *(len(str(r[c])) for r in rows)) for c in columns]
     print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:

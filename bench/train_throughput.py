@@ -185,20 +185,63 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
     }
 
 
-def correctness_gate(config, device, dtype, max_length):
-    """Fast path (flex, packed, chunked loss) vs recipe path (eager, one row per forward) on the same rows."""
-    import datasets
-    from trl import SFTConfig
+def correctness_gate(config, device, max_length):
+    """Fast path (flex, packed, chunked loss) vs recipe path (eager, one row per forward) on the same rows.
 
+    Run in fp32 (where the two must agree to rounding) and in bf16; the bf16 tolerance is the recipe's own
+    bf16 error against its fp32 result, measured here on the same rows.
+    """
     from entrypoints.model import add_lora
-    from entrypoints.packing import collate, packed_dataset, packed_trainer_class
     from entrypoints.settings import LoraSettings
 
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 must mean fp32 for the strict comparison
+    torch.backends.cudnn.allow_tf32 = False
     rows = synthetic_rows(3, min(max_length, 600), config.vocab_size, seed=1)
-    model = add_lora(build_model(config, device, dtype, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
+    model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
     for name, param in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model.to(dtype)
+        fast_loss, fast = _fast_grads(model, rows, device)
+        recipe_loss, recipe = _recipe_grads(model, rows, device, "eager")
+        paths = {"fast": (fast_loss, fast), "recipe": (recipe_loss, recipe)}
+        if FAST_ATTENTION != "eager":  # the recipe's own path with flex: what the attention kernel alone changes
+            paths["recipe_flex"] = _recipe_grads(model, rows, device, FAST_ATTENTION)
+        results[str(dtype).split(".")[1]] = paths
+    reference_loss, reference = results["float32"]["recipe"]
+
+    def rel(grads):
+        return float((grads - reference).norm() / reference.norm())
+
+    out = {}
+    for dtype, paths in results.items():
+        for path, (loss, grads) in paths.items():
+            out[f"{path}_{dtype}_loss"] = round(loss, 5)
+            out[f"{path}_{dtype}_grad_rel_err"] = rel(grads)
+    # fp32: packing + chunked loss may change nothing beyond what the attention kernel itself changes
+    kernel_err = out.get("recipe_flex_float32_grad_rel_err", 0.0)
+    out["passed"] = (
+        out["fast_float32_grad_rel_err"] < max(1e-3, 1.5 * kernel_err)
+        and abs(out["fast_float32_loss"] - reference_loss) / reference_loss < 1e-4
+        and out["fast_bfloat16_grad_rel_err"] <= 1.5 * max(out["recipe_bfloat16_grad_rel_err"], 1e-3)
+    )
+    del model
+    return out
+
+
+def _trained(rows):
+    return sum(sum(1 for t in r["labels"][1:] if t != IGNORE_INDEX) for r in rows)
+
+
+def _fast_grads(model, rows, device):
+    import datasets
+    from trl import SFTConfig
+
+    from entrypoints.packing import collate, packed_dataset, packed_trainer_class
+
+    model.get_base_model().config._attn_implementation = FAST_ATTENTION
     packed = packed_dataset(datasets.Dataset.from_list(rows), 4096, seed=0)
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(output_dir=out, report_to="none", router_aux_loss_coef=0.0, remove_unused_columns=False,
@@ -207,37 +250,67 @@ def correctness_gate(config, device, dtype, max_length):
         trainer = packed_trainer_class()(
             model=model, args=args, train_dataset=packed, data_collator=collate, processing_class=tokenizer()
         )
-    trained = sum(sum(1 for t in r["labels"][1:] if t != IGNORE_INDEX) for r in rows)
+    model.zero_grad(set_to_none=True)
     batch = {k: v.to(device) for k, v in collate([packed[0]]).items()}
-    fast = trainer.compute_loss(model, batch, num_items_in_batch=trained)
-    fast.backward()
-    fast_grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
-    model.zero_grad()
-    model.get_base_model().config._attn_implementation = "eager"
-    recipe = 0.0
+    loss = trainer.compute_loss(model, batch, num_items_in_batch=_trained(rows))
+    loss.backward()
+    return loss.item(), _grad_vector(model)
+
+
+def _recipe_grads(model, rows, device, attention):
+    model.get_base_model().config._attn_implementation = attention
+    model.zero_grad(set_to_none=True)
+    total, trained = 0.0, _trained(rows)
     for row in rows:
         n = sum(1 for t in row["labels"][1:] if t != IGNORE_INDEX)
         ids = torch.tensor([row["input_ids"]], device=device)
         out = model(input_ids=ids, labels=torch.tensor([row["labels"]], device=device), output_router_logits=False)
         (out.loss * n / trained).backward()
-        recipe += out.loss.item() * n / trained
-    recipe_grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.requires_grad])
-    del model, trainer
-    return {
-        "loss_fast": round(fast.item(), 5),
-        "loss_recipe": round(recipe, 5),
-        "loss_rel_diff": abs(fast.item() - recipe) / abs(recipe),
-        "grad_rel_diff": float((fast_grads - recipe_grads).norm() / recipe_grads.norm()),
-    }
+        total += out.loss.item() * n / trained
+    return total, _grad_vector(model)
+
+
+def _grad_vector(model):
+    return torch.cat([p.grad.double().flatten() for p in model.parameters() if p.requires_grad]).cpu()
+
+
+PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget), gradient checkpointing, warmup)
+    "recipe": ("recipe", 2048, 2048, True, 4),
+    "toolkit": ("toolkit", 2048, None, False, 2),
+    "toolkit-8k": ("toolkit", 2048, 8192, False, 2),
+    "toolkit-gc": ("toolkit", 2048, None, True, 2),
+    "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
+}
+
+
+def run_one(name: str, args, device, dtype) -> dict:
+    from entrypoints.model import add_lora
+    from entrypoints.settings import LoraSettings
+
+    if name == "gate":
+        return correctness_gate(gpt_oss_config(args.tiny, layers=2), device, 2048)
+    variant, max_length, budget, checkpointing, warmup = PLAN[name]
+    budget = budget or args.budget
+    config = gpt_oss_config(args.tiny)
+    model = add_lora(build_model(config, device, dtype, "eager"), LoraSettings(r=8, alpha=16, dropout=0.0), seed=0)
+    rows = synthetic_rows(args.rows, max_length, config.vocab_size)
+    steps = args.steps * (4 if variant == "recipe" else 1)
+    with tempfile.TemporaryDirectory() as out:
+        row = measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, Path(out))
+    epoch_tokens = sum(len(r["input_ids"]) for r in synthetic_rows(1000, 2048, config.vocab_size))
+    if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
+        row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
+    return {"name": name, **row}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU: a smoke test of this script")
-    parser.add_argument("--variants", default="recipe,toolkit,toolkit-gc,toolkit-4k")
+    parser.add_argument("--variants", default="gate,recipe,toolkit,toolkit-8k,toolkit-gc,toolkit-4k-seq")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--budget", type=int, default=16384, help="tokens per packed micro-batch")
     parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
     global FAST_ATTENTION
@@ -247,54 +320,56 @@ def main() -> None:
     if device != "cpu":
         torch.cuda.set_device(device)
     dtype = torch.float32 if args.tiny else torch.bfloat16
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    config = gpt_oss_config(args.tiny)
-    results: dict = {"device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
-                     "world_size": int(os.environ.get("WORLD_SIZE", "1")), "torch": torch.__version__}  # fmt: skip
+    if args.only:
+        result = run_one(args.only, args, device, dtype)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+        return
+    run_all(args)
+
+
+def run_all(args) -> None:
+    """Each variant in a fresh process (torchrun for several GPUs): no memory carried between them."""
+    import subprocess
+
     import transformers
 
-    results["transformers"] = transformers.__version__
-    if "recipe" in args.variants and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        results["correctness"] = correctness_gate(gpt_oss_config(args.tiny, layers=2), device, dtype, 2048)
-        if rank0:
-            print("correctness gate:", json.dumps(results["correctness"]), flush=True)
-
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
-
-    model = add_lora(build_model(config, device, dtype, "eager"), LoraSettings(r=8, alpha=16, dropout=0.0), seed=0)
-    rows = {
-        2048: synthetic_rows(args.rows, 2048, config.vocab_size),
-        4096: synthetic_rows(args.rows, 4096, config.vocab_size),
-    }
-    plan = {
-        "recipe": ("recipe", 2048, 2048, True, 4),
-        "toolkit": ("toolkit", 2048, args.budget, False, 2),
-        "toolkit-gc": ("toolkit", 2048, args.budget, True, 2),
-        "toolkit-4k": ("toolkit", 4096, 4096, True, 2),
-    }
-    rows_out = []
-    with tempfile.TemporaryDirectory() as out:
-        for name in args.variants.split(","):
-            variant, max_length, budget, checkpointing, warmup = plan[name]
-            steps = args.steps * (4 if variant == "recipe" else 1)
-            row = measure(model, variant, rows[max_length], steps, warmup, max_length, budget, checkpointing, Path(out))
-            row["name"] = name
-            rows_out.append(row)
-            if rank0:
-                print(json.dumps(row), flush=True)
-    recipe = next((r for r in rows_out if r["name"] == "recipe" and "tokens_per_s" in r), None)
-    for row in rows_out:
+    gpus = torch.cuda.device_count() if not args.tiny else 0
+    world = int(os.environ.get("BENCH_GPUS", gpus or 1))
+    launcher = (
+        [sys.executable] if world <= 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}"]
+    )
+    results: dict = {"device": torch.cuda.get_device_name() if gpus else "cpu", "world_size": world,
+                     "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
+    rows = []
+    for name in args.variants.split(","):
+        if name == "gate" and world > 1:
+            continue
+        command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
+                   "--rows", str(args.rows), *(["--tiny"] if args.tiny else [])]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        found = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if not found:
+            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+            result = {"name": name, "error": "out of memory" if "OutOfMemory" in done.stderr else " | ".join(tail)}
+        else:
+            result = json.loads(found[-1])
+        print(json.dumps(result), flush=True)
+        if name == "gate":
+            results["correctness"] = result
+        else:
+            rows.append(result)
+    recipe = next((r for r in rows if r["name"] == "recipe" and "tokens_per_s" in r), None)
+    for row in rows:
         if recipe and "tokens_per_s" in row:
             row["vs_recipe"] = round(row["tokens_per_s"] / recipe["tokens_per_s"], 2)
-        if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
-            epoch_tokens = sum(len(r["input_ids"]) for r in rows[2048][:1000])
-            row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
-    results["rows"] = rows_out
-    if rank0:
-        from common import report
+    results["rows"] = rows
+    from common import report
 
-        report("train_throughput" + ("_tiny" if args.tiny else f"_{results['world_size']}gpu"), rows_out, results)
+    table = [{k: r.get(k, "") for k in ("name", "attention", "packing", "gc", "max_length", "tokens_per_micro_batch",
+                                         "tokens_per_s", "vs_recipe", "step_s", "peak_mem_gb", "mfu",
+                                         "epoch_1000_rows_min", "error")} for r in rows]  # fmt: skip
+    report("train_throughput" + ("_tiny" if args.tiny else f"_{world}gpu"), table, results)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,11 @@ class TrainingSettings(StrictModel):
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps spent warming up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    gradient_checkpointing: bool = Field(True, description="Recompute activations: less memory, more compute.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Recompute activations: less memory, ~30% more compute. auto: on for FSDP and for GPUs "
+        "under 100 GiB (H100/A100), off on larger ones (H200/B200) and on CPU.",
+    )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")

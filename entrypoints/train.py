@@ -102,6 +102,20 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     return dataset, stats
 
 
+def use_checkpointing(settings: TrainSettings) -> bool:
+    """`auto`, measured on gpt-oss-20b at 8k-token micro-batches: 92 GB without recomputation, 60 GB with."""
+    import torch
+
+    wanted = settings.training.gradient_checkpointing
+    if wanted != "auto":
+        return bool(wanted)
+    if not torch.cuda.is_available():
+        return False
+    if settings.training.distributed == "fsdp":
+        return True
+    return torch.cuda.get_device_properties(0).total_memory < 100 * 2**30
+
+
 def sft_config(settings: TrainSettings, paths: Paths):
     import torch
     from trl import SFTConfig
@@ -119,7 +133,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
         extra["fsdp_config"] = {
             "transformer_layer_cls_to_wrap": ["GptOssDecoderLayer"] if settings.model.is_gpt_oss else None,
             "use_orig_params": True,
-            "activation_checkpointing": t.gradient_checkpointing,
+            "activation_checkpointing": use_checkpointing(settings),
             "state_dict_type": "SHARDED_STATE_DICT",
         }
     if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
@@ -135,7 +149,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
         warmup_steps=t.warmup_ratio,  # transformers 5: a value below 1 is a ratio of the total steps
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
-        gradient_checkpointing=t.gradient_checkpointing and t.distributed != "fsdp",
+        gradient_checkpointing=use_checkpointing(settings) and t.distributed != "fsdp",
         gradient_checkpointing_kwargs={"use_reentrant": False},
         seed=t.seed,
         data_seed=t.seed,
