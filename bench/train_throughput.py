@@ -278,6 +278,7 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
     "recipe": ("recipe", 2048, 2048, True, 4),
     "toolkit": ("toolkit", 2048, None, False, 2),
     "toolkit-8k": ("toolkit", 2048, 8192, False, 2),
+    "toolkit-12k": ("toolkit", 2048, 12288, False, 2),
     "toolkit-gc": ("toolkit", 2048, None, True, 2),
     "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
 }
@@ -347,7 +348,8 @@ def run_all(args) -> None:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), *(["--tiny"] if args.tiny else [])]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
+        env = dict(os.environ) if world > 1 or args.tiny else dict(os.environ, CUDA_VISIBLE_DEVICES="0")
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
         found = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if not found:
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
