@@ -104,7 +104,7 @@ def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool
                 "warmup_ratio": 0.0,
                 "logging_steps": 1000,
             },
-        }  # fmt: skip
+        }
     )
 
 

@@ -49,3 +49,20 @@ def markdown() -> str:
     out: list[str] = []
     _section("", Config, out)
     return "\n".join(out).rstrip() + "\n"
+
+
+def update_readme(path: str = "README.md") -> None:
+    """Rewrite the reference block of a README in place: `python -m toolkit.config.reference README.md`."""
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{markdown()}{END}{tail}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    update_readme(*sys.argv[1:])
