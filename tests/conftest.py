@@ -54,3 +54,36 @@ def tiny_model_path() -> Path:
     from entrypoints.tiny_model import tiny_gpt_oss_path
 
     return tiny_gpt_oss_path()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A real HTTP AWS emulator (moto server) on loopback, for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch, tmp_path):
+    """A clean emulated account: a bucket and an execution role; every client points at the emulator."""
+    import boto3
+    import requests
+
+    requests.post(f"{moto_server}/moto-api/reset", timeout=10)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="toolkit-test-bucket")
+    role = boto3.client("iam", region_name="us-east-1").create_role(
+        RoleName="toolkit-execution", AssumeRolePolicyDocument="{}"
+    )["Role"]["Arn"]
+    return {"endpoint": moto_server, "role": role, "bucket": "toolkit-test-bucket"}

@@ -129,6 +129,7 @@ def train(
 ) -> None:
     """Train with LoRA on a target and wait for the result."""
     from toolkit import sdk
+    from toolkit.aws import AwsError
     from toolkit.config import ConfigError
     from toolkit.targets.base import TargetError
 
@@ -138,7 +139,7 @@ def train(
             sys.stdout.write(sdk.render_train(cfg, target) + "\n")
             return
         job = sdk.train(cfg, target, fresh=fresh)
-    except (ConfigError, TargetError) as exc:
+    except (ConfigError, TargetError, AwsError) as exc:
         fail(str(exc))
     state = follow(job)
     if state.status.value == "Completed":
@@ -170,6 +171,13 @@ def follow(job):
         try:
             return job.wait(on_line)
         except KeyboardInterrupt:
+            if not getattr(job, "stops_on_interrupt", True):
+                progress.stop()
+                err.print(
+                    f"detached; {job.name} keeps running. Follow it again with: "
+                    f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
+                )
+                raise typer.Exit(130) from None
             progress.console.print("interrupted: asking the job to checkpoint and stop ...")
             job.stop()
             try:
@@ -178,6 +186,77 @@ def follow(job):
                 state = job.status()
     err.print(f"{state.status.value}: {state.detail}. Run the same command again to resume.")
     raise typer.Exit(130)
+
+
+jobs_app = typer.Typer(help="Jobs started earlier, on any target, from any machine.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+JobConfig = Annotated[str, typer.Option("--config", "-c", help="The job's config (AWS region, endpoint, paths).")]
+TargetOpt = Annotated[str | None, typer.Option(help="Target of the job (default: the config's).")]
+
+
+def _attach(config: str, name: str, target: str | None):
+    from toolkit import aws
+    from toolkit.targets.base import TargetError, get_target
+
+    cfg = load(config, None)
+    try:
+        return get_target(target or cfg.target).attach(cfg, name)
+    except (TargetError, aws.AwsError) as exc:
+        fail(str(exc))
+
+
+@jobs_app.command("status")
+def jobs_status(name: str, config: JobConfig, target: TargetOpt = None) -> None:
+    """Status, detail (failure reason) and artifacts of a job."""
+    state = _attach(config, name, target).status()
+    out.print(f"{state.name}: {state.status.value} {state.detail}", highlight=False)
+    for kind, where in state.artifacts.items():
+        out.print(f"  {kind}: {where}", highlight=False)
+    if state.status.value == "Failed":
+        raise typer.Exit(1)
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    name: str,
+    config: JobConfig,
+    target: TargetOpt = None,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
+) -> None:
+    """Print a job's log (every host's stream)."""
+    try:
+        for line in _attach(config, name, target).logs(follow=follow_):
+            out.print(line, highlight=False, markup=False)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@jobs_app.command("stop")
+def jobs_stop(name: str, config: JobConfig, target: TargetOpt = None) -> None:
+    """Stop a job (it checkpoints on SIGTERM first)."""
+    _attach(config, name, target).stop()
+    out.print(f"stop requested for {name}", highlight=False)
+
+
+@jobs_app.command("list")
+def jobs_list(config: JobConfig, target: TargetOpt = None) -> None:
+    """Recent jobs of a target."""
+    from rich.table import Table
+
+    from toolkit.targets.base import TargetError, get_target
+
+    cfg = load(config, None)
+    chosen = get_target(target or cfg.target)
+    if not hasattr(chosen, "list"):
+        fail(f"target {chosen.name} keeps no job list; its jobs are directories (local.output_dir)")
+    try:
+        jobs = chosen.list(cfg)
+    except TargetError as exc:
+        fail(str(exc))
+    table = Table("name", "status", "created")
+    for job in jobs:
+        table.add_row(job["TrainingJobName"], job["TrainingJobStatus"], str(job["CreationTime"]))
+    out.print(table)
 
 
 def main() -> None:

@@ -1,0 +1,200 @@
+"""SageMaker training jobs against moto server (a real HTTP emulator on loopback).
+
+moto completes a job the moment it is created and implements neither StopTrainingJob nor training-job log
+creation: the tests steer job states through moto's backend (same process), write the log events
+themselves, and use botocore's Stubber for StopTrainingJob. What this does not cover: a real container run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from typer.testing import CliRunner
+
+from toolkit.aws import AwsError
+from toolkit.cli import app
+from toolkit.config import load_config
+from toolkit.targets.base import Status
+from toolkit.targets.training_job import LOG_GROUP, METRIC_DEFINITIONS, TARGET, TrainingJob
+
+pytestmark = pytest.mark.integration
+DATA = "chat.jsonl"
+
+
+def config(aws_env, *overrides):
+    (__import__("pathlib").Path(DATA)).write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
+    return load_config(
+        "gpt-oss-20b-lora",
+        [f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}", f"data.source={DATA}",
+         "data.format=messages", *overrides],
+    )  # fmt: skip
+
+
+def keys(bucket="toolkit-test-bucket"):
+    listed = boto3.client("s3").list_objects_v2(Bucket=bucket)
+    return {o["Key"]: o["ETag"] for o in listed.get("Contents", [])}
+
+
+def backend_job(name):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    return sagemaker_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].training_jobs[name]
+
+
+def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
+    import toolkit.aws
+
+    sent: dict = {}
+    real_session = toolkit.aws.session
+
+    def spying_session(settings):  # moto does not echo MetricDefinitions: read what was sent
+        made = real_session(settings)
+        made.events.register(
+            "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: sent.update(params)
+        )
+        return made
+
+    monkeypatch.setattr(toolkit.aws, "session", spying_session)
+    cfg = config(
+        aws_env, "training_job.spot=true", "training_job.max_run_seconds=3600", "training_job.instance_count=2"
+    )
+    job = TARGET.submit(cfg)
+    d = job.describe()
+    assert d["AlgorithmSpecification"]["TrainingImage"].endswith(
+        "/pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
+    )
+    assert d["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge" and d["ResourceConfig"]["InstanceCount"] == 2
+    assert d["EnableManagedSpotTraining"] is True
+    assert d["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
+    assert d["CheckpointConfig"]["S3Uri"].startswith("s3://toolkit-test-bucket/")
+    assert d["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]}
+    assert {"train", "code", "sm_drivers"} <= set(channels)
+    assert d["HyperParameters"]["lora.r"] == "8" and d["HyperParameters"]["training.packing"] == "true"
+    metrics = sent["AlgorithmSpecification"]["MetricDefinitions"]
+    assert {m["Name"]: m["Regex"] for m in metrics} == METRIC_DEFINITIONS
+    assert {"Key": "toolkit:config", "Value": "gpt-oss-20b-lora"} in sent["Tags"]
+    stored = keys()
+    assert any(k.endswith("/chat.jsonl") and k.startswith("toolkit/data/") for k in stored)
+    assert any(k.endswith("code/entrypoints/train.py") for k in stored)
+    assert any(k.endswith("code/requirements.txt") for k in stored)
+    distributed = next(k for k in stored if k.endswith("distributed.json"))
+    body = boto3.client("s3").get_object(Bucket="toolkit-test-bucket", Key=distributed)["Body"].read()
+    assert json.loads(body)["process_count_per_node"] == 8  # one process per GPU of a p5.48xlarge
+
+
+def test_metric_regexes_read_the_entrypoint_lines():
+    line = ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
+            "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
+    found = {name: re.search(regex, line).group(1) for name, regex in METRIC_DEFINITIONS.items()}
+    assert found == {"train:loss": "6.9348", "train:learning_rate": "3.333e-03",
+                     "train:tokens_per_second": "182.5", "train:gpu_memory_gib": "41.20"}  # fmt: skip
+
+
+def test_unchanged_data_is_not_uploaded_twice(aws_env):
+    cfg = config(aws_env)
+    TARGET.submit(cfg)
+    data_before = {k: v for k, v in keys().items() if k.startswith("toolkit/data/")}
+    s3 = boto3.client("s3")
+    uploads = []
+    s3.meta.events.register("before-call.s3.PutObject", lambda **kw: uploads.append(kw["params"]["Key"]))
+    from toolkit.targets.training_job import upload_once
+
+    assert upload_once(s3, cfg, __import__("pathlib").Path(DATA)) in {
+        f"s3://toolkit-test-bucket/{k.rsplit('/', 1)[0]}/" for k in data_before
+    }
+    assert uploads == []
+    TARGET.submit(cfg)
+    assert {k: v for k, v in keys().items() if k.startswith("toolkit/data/")} == data_before
+
+
+@pytest.mark.timeout(60)
+def test_following_in_progress_to_completed_with_logs(aws_env):
+    job = TARGET.submit(config(aws_env))
+    backend_job(job.name).training_job_status = "InProgress"
+    logs = boto3.client("logs")
+    logs.create_log_group(logGroupName=LOG_GROUP)
+    for host in ("algo-1-1700000000", "algo-2-1700000000"):
+        logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=f"{job.name}/{host}")
+        logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=f"{job.name}/{host}",
+                            logEvents=[{"timestamp": int(time.time() * 1000), "message": f"[metrics] step=1/2 loss=1.5 on {host[:6]}"}])  # fmt: skip
+    lines: list[str] = []
+
+    def on_line(line):
+        lines.append(line)
+        if line.startswith("[metrics]"):  # first poll saw the job running: now let it finish
+            backend_job(job.name).training_job_status = "Completed"
+
+    state = job.wait(on_line, poll_seconds=0.01)
+    assert state.status is Status.COMPLETED
+    assert any("InProgress" in line for line in lines) and any("Completed" in line for line in lines)
+    assert "[metrics] step=1/2 loss=1.5 on algo-1" in lines
+    assert "[algo-2-1700000000] [metrics] step=1/2 loss=1.5 on algo-2" in lines
+    assert state.artifacts["model"].endswith("model.tar.gz")
+    assert json.loads(open("runs/gpt-oss-20b-lora/training-job.json").read())["job"] == job.name
+    assert TARGET.latest_completed(config(aws_env)).name == job.name
+
+
+def test_failed_job_reports_its_reason(aws_env):
+    job = TARGET.submit(config(aws_env))
+    backend = backend_job(job.name)
+    backend.training_job_status = "Failed"
+    backend.failure_reason = "AlgorithmError: CUDA out of memory"
+    state = job.wait(poll_seconds=0.01)
+    assert state.status is Status.FAILED and "CUDA out of memory" in state.detail
+    result = CliRunner().invoke(app, ["jobs", "status", job.name, "-c", "gpt-oss-20b-lora", "--target", "training-job"])
+    assert result.exit_code == 1 and "CUDA out of memory" in result.output
+
+
+def test_stop_calls_stop_training_job(aws_env):
+    job = TrainingJob("some-job", config(aws_env), boto3.Session())
+    client = boto3.client("sagemaker")
+    with Stubber(client) as stub:  # moto has no StopTrainingJob
+        stub.add_response("stop_training_job", {}, {"TrainingJobName": "some-job"})
+        job._sagemaker = lambda: client  # type: ignore[method-assign]
+        job.stop()
+        stub.assert_no_pending_responses()
+
+
+def test_dry_run_prints_the_request_and_creates_nothing(aws_env, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)
+    cfg = config(aws_env, "target=training-job")
+    result = CliRunner().invoke(
+        app, ["train", "gpt-oss-20b-lora", "--target", "training-job", "--dry-run",
+              "--set", f"aws.role={aws_env['role']}", "--set", f"aws.bucket={aws_env['bucket']}",
+              "--set", f"data.source={DATA}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    request = json.loads(result.stdout)
+    assert request["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
+    assert request["Environment"]["HF_TOKEN"] == "***"
+    assert "hf_xxxx" not in result.stdout
+    assert all("HF_TOKEN" not in k and "hf_" not in v for k, v in request["HyperParameters"].items())
+    assert keys() == {}
+    assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+    del cfg
+
+
+def test_missing_role_or_credentials_fail_before_any_request(aws_env, monkeypatch):
+    cfg = load_config("gpt-oss-20b-lora", [f"aws.bucket={aws_env['bucket']}"])
+    with pytest.raises(AwsError, match=r"aws.role not set"):
+        TARGET.submit(cfg)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # a laptop: no instance metadata service
+    result = CliRunner().invoke(
+        app, ["train", "gpt-oss-20b-lora", "--target", "training-job", "--set", f"aws.role={aws_env['role']}",
+              "--set", f"aws.bucket={aws_env['bucket']}"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "no AWS credentials found" in result.output
+    assert keys() == {}

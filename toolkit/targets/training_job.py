@@ -1,0 +1,352 @@
+"""Training-job target: the entrypoint as a SageMaker training job, through the SageMaker Python SDK v3.
+
+`ModelTrainer` builds and submits the job (torchrun with one process per GPU, managed spot, checkpoints
+synced with S3); boto3 follows it (status, CloudWatch logs from every host, stop). Local data is uploaded
+once per content hash; a dry run renders the exact CreateTrainingJob request and uploads nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from entrypoints.settings import to_hyperparameters
+from toolkit import aws
+from toolkit.config import Config
+from toolkit.config.instances import instance
+from toolkit.targets.base import JobState, Status, TargetError
+
+ENTRYPOINTS = Path(__file__).resolve().parents[2] / "entrypoints"
+PYTORCH_IMAGE = "pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
+# AWS Deep Learning Containers registry accounts where they differ from the default
+DLC_ACCOUNTS = {
+    "af-south-1": "626614931356",
+    "ap-east-1": "871362719292",
+    "ap-south-2": "772153158452",
+    "ap-southeast-3": "907027046896",
+    "ap-southeast-4": "457447274322",
+    "ca-west-1": "204538143572",
+    "eu-central-2": "380420809688",
+    "eu-south-1": "692866216735",
+    "eu-south-2": "503227376785",
+    "il-central-1": "780543022126",
+    "me-central-1": "914824155844",
+    "me-south-1": "217643126080",
+}
+# Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see entrypoints/train.py).
+METRIC_DEFINITIONS = {
+    "train:loss": r"\[metrics\] step=\S+ loss=([0-9.eE+-]+)",
+    "train:learning_rate": r"\[metrics\] .*learning_rate=([0-9.eE+-]+)",
+    "train:tokens_per_second": r"\[metrics\] .*tokens_per_second=([0-9.eE+-]+)",
+    "train:gpu_memory_gib": r"\[metrics\] .*gpu_memory_gib=([0-9.eE+-]+)",
+}
+LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+STATUS = {
+    "InProgress": Status.RUNNING,
+    "Completed": Status.COMPLETED,
+    "Failed": Status.FAILED,
+    "Stopping": Status.RUNNING,
+    "Stopped": Status.STOPPED,
+}
+CONFIG_TAG = "toolkit:config"
+
+
+def default_image(region: str) -> str:
+    account = DLC_ACCOUNTS.get(region, "763104351884")
+    suffix = ".cn" if region.startswith("cn-") else ""
+    return f"{account}.dkr.ecr.{region}.amazonaws.com{suffix}/{PYTORCH_IMAGE}"
+
+
+def _opt_out_of_sdk_telemetry() -> None:
+    """The SDK phones home to an S3 host unless told not to; say so before it is imported."""
+    if "SAGEMAKER_USER_CONFIG_OVERRIDE" in os.environ:
+        return
+    path = Path(tempfile.gettempdir()) / "toolkit-sagemaker-config.yaml"
+    path.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
+    os.environ["SAGEMAKER_USER_CONFIG_OVERRIDE"] = str(path)
+
+
+def content_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        digest.update(str(file.relative_to(path if path.is_dir() else path.parent)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def upload_once(s3, config: Config, source: Path) -> str:
+    """Upload local data under a content-hash prefix; a marker object proves a complete earlier upload."""
+    bucket = config.aws.bucket
+    prefix = f"{config.aws.prefix}/data/{content_hash(source)}"
+    marker = f"{prefix}/.toolkit-complete"
+    try:
+        s3.head_object(Bucket=bucket, Key=marker)
+        return f"s3://{bucket}/{prefix}/"
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+            raise
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for file in files:
+        relative = file.name if source.is_file() else file.relative_to(source).as_posix()
+        s3.upload_file(str(file), bucket, f"{prefix}/{relative}")
+    s3.put_object(Bucket=bucket, Key=marker, Body=b"")
+    return f"s3://{bucket}/{prefix}/"
+
+
+def stage_code(into: Path) -> Path:
+    """The code channel: the `entrypoints` package (importable as such) and its requirements."""
+    shutil.copytree(ENTRYPOINTS, into / "entrypoints", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(ENTRYPOINTS / "requirements.txt", into / "requirements.txt")
+    return into
+
+
+def hf_token(config: Config, boto_session) -> str | None:
+    """The Hugging Face token, read at submit time: Secrets Manager when named, else the caller's env."""
+    secret = config.training_job.hf_token_secret
+    if secret:
+        client = aws.client(config.aws, "secretsmanager", boto_session)
+        try:
+            return client.get_secret_value(SecretId=secret)["SecretString"]
+        except client.exceptions.ResourceNotFoundException:
+            raise TargetError(f"training_job.hf_token_secret: no secret named {secret!r}") from None
+    return os.environ.get("HF_TOKEN")
+
+
+@dataclass
+class TrainingJob:
+    """A handle on a SageMaker training job (submitted now or earlier, from any machine)."""
+
+    name: str
+    config: Config
+    boto_session: Any
+    stops_on_interrupt = False  # Ctrl-C detaches; the job runs on
+    _seen_status: tuple[str, str] = ("", "")
+    _log_tokens: dict[str, str] = field(default_factory=dict)
+
+    def _sagemaker(self):
+        return aws.client(self.config.aws, "sagemaker", self.boto_session)
+
+    def describe(self) -> dict:
+        return self._sagemaker().describe_training_job(TrainingJobName=self.name)
+
+    def status(self) -> JobState:
+        return _state(self.describe())
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        """Events from every host's log stream, oldest first; with follow, until the job ends."""
+        while True:
+            yield from self._new_log_lines()
+            if not follow or self.status().status.finished:
+                yield from self._new_log_lines()
+                return
+            time.sleep(5)
+
+    def _new_log_lines(self) -> Iterator[str]:
+        logs = aws.client(self.config.aws, "logs", self.boto_session)
+        try:
+            streams = logs.describe_log_streams(logGroupName=LOG_GROUP, logStreamNamePrefix=f"{self.name}/")
+        except logs.exceptions.ResourceNotFoundException:
+            return
+        for stream in streams.get("logStreams", []):
+            name = stream["logStreamName"]
+            kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamName": name, "startFromHead": True}
+            if name in self._log_tokens:
+                kwargs["nextToken"] = self._log_tokens[name]
+            page = logs.get_log_events(**kwargs)
+            self._log_tokens[name] = page["nextForwardToken"]
+            host = name.split("/", 1)[-1]
+            for event in page["events"]:
+                message = event["message"]
+                yield message if host.startswith("algo-1") else f"[{host}] {message}"
+
+    def stop(self) -> None:
+        self._sagemaker().stop_training_job(TrainingJobName=self.name)
+
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
+        emit = on_line or (lambda line: None)
+        while True:
+            description = self.describe()
+            transition = (description["TrainingJobStatus"], description.get("SecondaryStatus", ""))
+            if transition != self._seen_status:
+                self._seen_status = transition
+                emit(f"[toolkit] {self.name}: {transition[0]} / {transition[1]}")
+            for line in self._new_log_lines():
+                emit(line)
+            state = _state(description)
+            if state.status.finished:
+                if state.status is Status.COMPLETED:
+                    _record(self.config, state)
+                return state
+            time.sleep(poll_seconds)
+
+
+def _state(description: dict) -> JobState:
+    status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
+    artifacts = {}
+    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
+    if model:  # model.tar.gz holds adapter/ and merged/ (the entrypoint's /opt/ml/model)
+        artifacts = {"model": model, "adapter": f"{model}#adapter/", "merged": f"{model}#merged/"}
+    detail = description.get("FailureReason", "") or description.get("SecondaryStatus", "")
+    return JobState(description["TrainingJobName"], status, detail, artifacts)
+
+
+def _record(config: Config, state: JobState) -> None:
+    """Remember the latest finished job locally too (deploy also finds it through the API)."""
+    path = Path("runs") / config.name / "training-job.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"job": state.name, "artifacts": state.artifacts}, indent=2))
+
+
+class TrainingJobTarget:
+    name = "training-job"
+
+    def render(self, config: Config) -> str:
+        """The exact CreateTrainingJob request; the upload step is simulated, nothing is created."""
+        request = self._request(config, dry_run=True)
+        environment = request.get("Environment") or {}
+        if "HF_TOKEN" in environment:
+            environment["HF_TOKEN"] = "***"
+        return json.dumps(request, indent=2, default=str)
+
+    def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
+        trainer, boto_session = self._trainer(config, dry_run=False)
+        try:
+            trainer.train(wait=False, logs=False)
+        finally:
+            shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
+        job_name = trainer._latest_training_job.training_job_name
+        return TrainingJob(job_name, config, boto_session)
+
+    def attach(self, config: Config, job_name: str) -> TrainingJob:
+        return TrainingJob(job_name, config, aws.session(config.aws))
+
+    def list(self, config: Config, limit: int = 20) -> list[dict]:
+        client = aws.client(config.aws, "sagemaker")
+        jobs = client.list_training_jobs(SortBy="CreationTime", SortOrder="Descending", MaxResults=limit)
+        return jobs["TrainingJobSummaries"]
+
+    def latest_completed(self, config: Config) -> JobState | None:
+        """The newest completed job of this config: what `toolkit deploy` serves by default."""
+        client = aws.client(config.aws, "sagemaker")
+        jobs = client.list_training_jobs(
+            NameContains=config.name, StatusEquals="Completed", SortBy="CreationTime", SortOrder="Descending"
+        )["TrainingJobSummaries"]
+        for summary in jobs:
+            description = client.describe_training_job(TrainingJobName=summary["TrainingJobName"])
+            if description["TrainingJobName"].startswith(f"{config.name}-"):
+                return _state(description)
+        return None
+
+    def _request(self, config: Config, dry_run: bool) -> dict:
+        trainer, _ = self._trainer(config, dry_run=dry_run)
+        try:
+            request = trainer._create_training_job_args(boto3=True)
+        finally:
+            shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
+        return request
+
+    def _trainer(self, config: Config, dry_run: bool):
+        aws.require(config.aws, "role", "bucket")
+        boto_session = aws.session(config.aws)
+        _opt_out_of_sdk_telemetry()
+        os.environ.setdefault("SAGEMAKER_VALIDATE_ROLE", "false" if aws.endpoint_url(config.aws) else "true")
+        from sagemaker.core.helper.session_helper import Session
+        from sagemaker.core.shapes import MetricDefinition, StoppingCondition, Tag
+        from sagemaker.core.training.configs import (
+            CheckpointConfig,
+            Compute,
+            InputData,
+            Networking,
+            OutputDataConfig,
+            SourceCode,
+        )
+        from sagemaker.train.distributed import Torchrun
+        from sagemaker.train.model_trainer import ModelTrainer
+
+        job = config.training_job
+        session_class = _dry_run_session_class() if dry_run else Session
+        session = session_class(
+            boto_session=boto_session,
+            sagemaker_client=aws.client(config.aws, "sagemaker", boto_session),
+            default_bucket=config.aws.bucket,
+            default_bucket_prefix=config.aws.prefix,
+        )
+        channels = self._channels(config, boto_session, dry_run)
+        environment = {}
+        token = hf_token(config, boto_session)
+        if token:
+            environment["HF_TOKEN"] = token
+        trainer = ModelTrainer(
+            sagemaker_session=session,
+            role=config.aws.role,
+            base_job_name=config.name,
+            training_image=job.image_uri or default_image(config.aws.region),
+            source_code=SourceCode(
+                source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")))),
+                entry_script="entrypoints/train.py",
+                requirements="requirements.txt",
+            ),
+            distributed=Torchrun(process_count_per_node=instance(job.instance_type, "training_job.instance_type").gpus),
+            compute=Compute(
+                instance_type=job.instance_type,
+                instance_count=job.instance_count,
+                volume_size_in_gb=job.volume_size_gb,
+                volume_kms_key_id=job.kms_key_id,
+                enable_managed_spot_training=job.spot,
+            ),
+            stopping_condition=StoppingCondition(
+                max_runtime_in_seconds=job.max_run_seconds, max_wait_time_in_seconds=job.max_wait_seconds
+            ),
+            networking=Networking(subnets=job.subnets, security_group_ids=job.security_group_ids)
+            if job.subnets
+            else None,
+            output_data_config=OutputDataConfig(
+                s3_output_path=f"s3://{config.aws.bucket}/{config.aws.prefix}/output", kms_key_id=job.kms_key_id
+            ),
+            checkpoint_config=CheckpointConfig(local_path="/opt/ml/checkpoints"),
+            input_data_config=[InputData(channel_name=name, data_source=uri) for name, uri in channels.items()],
+            hyperparameters=to_hyperparameters(config.train_settings()),
+            environment=environment,
+            tags=[Tag(key=k, value=v) for k, v in {**job.tags, CONFIG_TAG: config.name}.items()],
+        )
+        trainer.with_metric_definitions([MetricDefinition(name=k, regex=v) for k, v in METRIC_DEFINITIONS.items()])
+        return trainer, boto_session
+
+    @staticmethod
+    def _channels(config: Config, boto_session, dry_run: bool) -> dict[str, str]:
+        source = config.data.source
+        if source.startswith("s3://"):
+            return {"train": source}
+        path = Path(source)
+        if source.startswith("builtin:") or not path.exists():
+            return {}  # builtin sample or hub dataset: the entrypoint loads it by name
+        if dry_run:
+            return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{content_hash(path)}/"}
+        return {"train": upload_once(aws.client(config.aws, "s3", boto_session), config, path)}
+
+
+def _dry_run_session_class():
+    from sagemaker.core.helper.session_helper import Session
+
+    class DryRunSession(Session):
+        """Answers uploads with the URI they would produce, without writing anything."""
+
+        def upload_data(self, path, bucket=None, key_prefix="data", callback=None, extra_args=None):
+            bucket = bucket or self.default_bucket()
+            if os.path.isfile(path):
+                return f"s3://{bucket}/{key_prefix}/{os.path.basename(path)}"
+            return f"s3://{bucket}/{key_prefix}"
+
+    return DryRunSession
+
+
+TARGET = TrainingJobTarget()
