@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -27,7 +28,7 @@ DATA = "chat.jsonl"
 
 
 def config(aws_env, *overrides):
-    (__import__("pathlib").Path(DATA)).write_text(
+    Path(DATA).write_text(
         json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
     )
     return load_config(
@@ -108,9 +109,7 @@ def test_unchanged_data_is_not_uploaded_twice(aws_env):
     s3.meta.events.register("before-call.s3.PutObject", lambda **kw: uploads.append(kw["params"]["Key"]))
     from toolkit.targets.training_job import upload_once
 
-    assert upload_once(s3, cfg, __import__("pathlib").Path(DATA)) in {
-        f"s3://toolkit-test-bucket/{k.rsplit('/', 1)[0]}/" for k in data_before
-    }
+    assert upload_once(s3, cfg, Path(DATA)) in {f"s3://toolkit-test-bucket/{k.rsplit('/', 1)[0]}/" for k in data_before}
     assert uploads == []
     TARGET.submit(cfg)
     assert {k: v for k, v in keys().items() if k.startswith("toolkit/data/")} == data_before
@@ -124,8 +123,8 @@ def test_following_in_progress_to_completed_with_logs(aws_env):
     logs.create_log_group(logGroupName=LOG_GROUP)
     for host in ("algo-1-1700000000", "algo-2-1700000000"):
         logs.create_log_stream(logGroupName=LOG_GROUP, logStreamName=f"{job.name}/{host}")
-        logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=f"{job.name}/{host}",
-                            logEvents=[{"timestamp": int(time.time() * 1000), "message": f"[metrics] step=1/2 loss=1.5 on {host[:6]}"}])  # fmt: skip
+        event = {"timestamp": int(time.time() * 1000), "message": f"[metrics] step=1/2 loss=1.5 on {host[:6]}"}
+        logs.put_log_events(logGroupName=LOG_GROUP, logStreamName=f"{job.name}/{host}", logEvents=[event])
     lines: list[str] = []
 
     def on_line(line):
@@ -139,7 +138,7 @@ def test_following_in_progress_to_completed_with_logs(aws_env):
     assert "[metrics] step=1/2 loss=1.5 on algo-1" in lines
     assert "[algo-2-1700000000] [metrics] step=1/2 loss=1.5 on algo-2" in lines
     assert state.artifacts["model"].endswith("model.tar.gz")
-    assert json.loads(open("runs/gpt-oss-20b-lora/training-job.json").read())["job"] == job.name
+    assert json.loads(Path("runs/gpt-oss-20b-lora/training-job.json").read_text())["job"] == job.name
     assert TARGET.latest_completed(config(aws_env)).name == job.name
 
 
