@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -257,6 +258,114 @@ def jobs_list(config: JobConfig, target: TargetOpt = None) -> None:
     for job in jobs:
         table.add_row(job["TrainingJobName"], job["TrainingJobStatus"], str(job["CreationTime"]))
     out.print(table)
+
+
+infra_app = typer.Typer(
+    help="The AWS resources (role, bucket, ECR repository, KMS key) as a stack.", no_args_is_help=True
+)
+app.add_typer(infra_app, name="infra")
+StackOpt = Annotated[str, typer.Option("--stack", help="CloudFormation stack name.")]
+AwsConfig = Annotated[
+    str | None, typer.Option("--config", "-c", help="Config whose aws section (region, endpoint) to use.")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _aws_settings(config: str | None):
+    from toolkit.config.models import AwsSettings
+
+    return load(config, None).aws if config else AwsSettings()
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(f"{question} Pass --yes to confirm in a non-interactive run.")
+    if not typer.confirm(question):
+        raise typer.Exit(1)
+
+
+@infra_app.command("deploy")
+def infra_deploy(
+    stack: StackOpt = "toolkit",
+    config: AwsConfig = None,
+    name_prefix: Annotated[str, typer.Option(help="Prefix of every resource name.")] = "toolkit",
+    kms: Annotated[bool, typer.Option("--kms", help="Create and use a customer-managed KMS key.")] = False,
+    hf_token_secret: Annotated[str, typer.Option(help="Secrets Manager name of the HF token.")] = "hf-token",
+    yes: YesOpt = False,
+) -> None:
+    """Create or update the stack: show the changes, then apply them with progress."""
+    from rich.table import Table
+
+    from toolkit import infra
+    from toolkit.aws import AwsError
+
+    settings = _aws_settings(config)
+    parameters = {"NamePrefix": name_prefix, "CreateKmsKey": str(kms).lower(), "HfTokenSecretName": hf_token_secret}
+    try:
+        planned = infra.plan(settings, stack, parameters)
+        if not planned.changes and planned.change_set is not None:
+            out.print(f"stack {stack} is up to date; nothing to do")
+            values = infra.outputs(settings, stack)
+        else:
+            table = Table("action", "resource", "type", "replacement", title=f"changes to stack {stack}")
+            for change in planned.changes:
+                table.add_row(change.action, change.logical_id, change.resource_type, change.replacement)
+            out.print(table)
+            _confirm(f"Apply these {len(planned.changes)} changes to {stack}?", yes)
+            with err.status(f"deploying {stack} ...") as status:
+                values = infra.apply(settings, planned, lambda line: status.update(f"deploying {stack}: {line}"))
+    except (infra.InfraError, AwsError) as exc:
+        fail(str(exc), code=1)
+    for key, value in values.items():
+        out.print(f"{key}: {value}", highlight=False)
+
+
+@infra_app.command("outputs")
+def infra_outputs(
+    stack: StackOpt = "toolkit",
+    config: AwsConfig = None,
+    base: Annotated[
+        str, typer.Option(help="The config (file or preset) the written file builds on.")
+    ] = "gpt-oss-20b-lora",
+    write: Annotated[Path | None, typer.Option(help="Write a config file with the AWS fields filled in.")] = None,
+) -> None:
+    """Print the stack's outputs, or write them into a config file (base + aws section)."""
+    from toolkit import infra
+
+    settings = _aws_settings(config)
+    try:
+        values = infra.outputs(settings, stack)
+    except infra.InfraError as exc:
+        fail(str(exc))
+    if write is None:
+        for key, value in values.items():
+            out.print(f"{key}: {value}", highlight=False)
+        return
+    write.write_text(infra.config_overlay(base, values, settings.region))
+    load(str(write), None)  # what we wrote must validate
+    out.print(f"wrote {write}", highlight=False)
+
+
+@infra_app.command("destroy")
+def infra_destroy(
+    stack: StackOpt = "toolkit",
+    config: AwsConfig = None,
+    force: Annotated[bool, typer.Option("--force", help="Also delete the bucket's data.")] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Delete the stack; refuses while the bucket holds data unless --force."""
+    from toolkit import infra
+
+    settings = _aws_settings(config)
+    _confirm(f"Delete stack {stack}{' and all data in its bucket' if force else ''}?", yes)
+    try:
+        with err.status(f"deleting {stack} ...") as status:
+            infra.destroy(settings, stack, force, lambda line: status.update(line))
+    except infra.InfraError as exc:
+        fail(str(exc), code=1)
+    out.print(f"deleted {stack}")
 
 
 def main() -> None:
