@@ -75,6 +75,10 @@ class HyperPodTarget(StrictModel):
     queue: str | None = Field(None, description="Kueue local queue.")
     priority: str | None = Field(None, description="Kueue priority class.")
     max_retries: int = Field(3, ge=0, description="Auto-resume attempts after node failure.")
+    python: str = Field(
+        "python3", description="Slurm without a container image: the Python (with torch) on every node."
+    )
+    exclusive: bool = Field(True, description="Slurm: take whole nodes (--exclusive).")
 
     @model_validator(mode="after")
     def _check(self) -> HyperPodTarget:

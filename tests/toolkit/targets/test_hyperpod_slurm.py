@@ -1,0 +1,85 @@
+"""HyperPod on Slurm for real: a two-node Slurm cluster on this machine runs the toolkit's own sbatch script,
+torchrun across both nodes (gloo on CPU), the real entrypoint on the tiny gpt-oss. Not covered: GPUs/GRES,
+pyxis containers and FSx itself (a local directory stands in for the shared filesystem)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests import slurm_cluster
+from toolkit.config import load_config
+from toolkit.targets.base import Status
+from toolkit.targets.hyperpod import TARGET
+from toolkit.targets.hyperpod_slurm import sbatch_script
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not slurm_cluster.available() and not os.environ.get("CI"), reason="slurm-wlm not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory, tiny_model_path):
+    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    yield cluster
+    cluster.stop()
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+
+
+def config(shared, *overrides):
+    return load_config(
+        "tiny-gpt-oss-local",
+        ["target=hyperpod", "hyperpod.cluster=test", "hyperpod.orchestrator=slurm", "hyperpod.nodes=2",
+         "hyperpod.gpus_per_node=0", f"hyperpod.fsx.mount_path={shared}", f"hyperpod.python={sys.executable}",
+         "training.save_steps=2", *overrides],
+    )  # fmt: skip
+
+
+def test_script_has_the_cluster_settings(tmp_path):
+    script = sbatch_script(config(tmp_path, "hyperpod.gpus_per_node=8", "hyperpod.image=registry/img:1"))
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --exclusive" in script
+    assert "--nproc-per-node=8" in script and "--rdzv-backend=c10d" in script
+    assert f"--container-image=registry/img:1 --container-mounts={tmp_path}:{tmp_path}" in script
+    assert f"export TOOLKIT_ML_ROOT={tmp_path}/toolkit/tiny-gpt-oss-local" in script
+
+
+def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path):
+    job = TARGET.submit(config(tmp_path, "training.max_steps=4"))
+    lines: list[str] = []
+    state = job.wait(lines.append, poll_seconds=1)
+    assert state.status is Status.COMPLETED, "\n".join(lines[-30:])
+    root = tmp_path / "toolkit" / "tiny-gpt-oss-local"
+    assert (root / "model" / "adapter" / "adapter_model.safetensors").exists()
+    assert (root / "model" / "merged" / "config.json").exists()
+    assert state.artifacts["merged"] == str(root / "model" / "merged")
+    text = "\n".join(lines)
+    assert "ranks agree on the adapter weights (2 processes" in text
+    assert text.count("[metrics] step=4/4") == 1  # one writer
+
+
+def test_cancel_checkpoints_and_stops(slurm, tmp_path):
+    job = TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"))
+
+    def cancel_once_training(line: str) -> None:
+        if line.startswith("[metrics] step=3/"):
+            job.stop()
+
+    state = job.wait(cancel_once_training, poll_seconds=0.5)
+    assert state.status is Status.STOPPED, state
+    checkpoints = list((tmp_path / "toolkit" / "tiny-gpt-oss-local" / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints, "no checkpoint survived the cancellation"
+
+
+def test_failure_reports_the_entrypoint_reason(slurm, tmp_path):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text("{not json\n")
+    job = TARGET.submit(config(tmp_path, f"data.source={bad}"))
+    state = job.wait(poll_seconds=1)
+    assert state.status is Status.FAILED
+    assert "cannot read json data" in state.detail

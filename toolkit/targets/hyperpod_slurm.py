@@ -1,0 +1,169 @@
+"""HyperPod on Slurm: an sbatch script that runs the entrypoint under torchrun on every node.
+
+Submitted with `sbatch` from the head node (or any node that mounts the shared filesystem), followed
+with squeue/scontrol and the job's output file, cancelled with scancel (the entrypoint checkpoints on
+SIGTERM). `--requeue` lets Slurm restart a job whose node failed; the entrypoint resumes from its newest
+checkpoint in the job directory.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.config import Config
+from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.hyperpod import job_dir, stage
+
+RENDEZVOUS_PORT = 29500
+STATES = {
+    "PENDING": Status.PENDING,
+    "CONFIGURING": Status.PENDING,
+    "RUNNING": Status.RUNNING,
+    "COMPLETING": Status.RUNNING,
+    "COMPLETED": Status.COMPLETED,
+    "FAILED": Status.FAILED,
+    "NODE_FAIL": Status.FAILED,
+    "OUT_OF_MEMORY": Status.FAILED,
+    "TIMEOUT": Status.FAILED,
+    "CANCELLED": Status.STOPPED,
+    "PREEMPTED": Status.STOPPED,
+    "REQUEUED": Status.PENDING,
+}
+
+
+def sbatch_script(config: Config) -> str:
+    hp = config.hyperpod
+    root = job_dir(config)
+    procs = max(hp.gpus_per_node or 0, 1)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={config.name}",
+        f"#SBATCH --nodes={hp.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --output={root}/output/slurm-%j.out",
+        "#SBATCH --requeue",
+    ]
+    if hp.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={hp.gpus_per_node}")
+    if hp.exclusive:
+        lines.append("#SBATCH --exclusive")
+    launcher = f"{shlex.quote(hp.python)} -m torch.distributed.run"
+    container = ""
+    if hp.image:  # pyxis/enroot: the same image as on EKS, the shared filesystem mounted in
+        mount = shlex.quote(f"{hp.fsx.mount_path}:{hp.fsx.mount_path}")
+        container = f"--container-image={shlex.quote(hp.image)} --container-mounts={mount} "
+        launcher = "python -m torch.distributed.run"
+    lines += [
+        "set -euo pipefail",
+        f"export TOOLKIT_ML_ROOT={shlex.quote(str(root))}",
+        "export PYTHONUNBUFFERED=1",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"srun --kill-on-bad-exit=1 {container}{launcher} \\",
+        f'  --nnodes="$SLURM_NNODES" --nproc-per-node={procs} \\',
+        f'  --rdzv-backend=c10d --rdzv-endpoint="$head:{RENDEZVOUS_PORT}" --rdzv-id="$SLURM_JOB_ID" \\',
+        f"  {shlex.quote(str(root / 'code' / 'entrypoints' / 'train.py'))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _run(*command: str) -> subprocess.CompletedProcess:
+    if not shutil.which(command[0]):
+        raise TargetError(f"{command[0]} not found: run this on the cluster's head node (Slurm client tools)")
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+@dataclass
+class SlurmJob:
+    name: str  # the Slurm job id
+    root: Path
+    stops_on_interrupt = False  # Ctrl-C detaches; `toolkit jobs stop` cancels
+    _offset: int = 0
+
+    @property
+    def output(self) -> Path:
+        return self.root / "output" / f"slurm-{self.name}.out"
+
+    def status(self) -> JobState:
+        shown = _run("scontrol", "show", "job", self.name, "--oneliner")
+        state = "UNKNOWN"
+        for field in shown.stdout.split():
+            if field.startswith("JobState="):
+                state = field.split("=", 1)[1]
+        status = STATES.get(state, Status.PENDING)
+        failure = self.root / "output" / "failure"
+        if state == "UNKNOWN":  # aged out of slurmctld: the job directory tells
+            status = Status.COMPLETED if (self.root / "model" / "run.json").exists() else Status.FAILED
+        detail = failure.read_text().strip() if failure.exists() and status is Status.FAILED else state
+        artifacts = {}
+        if status is Status.COMPLETED:
+            artifacts = {
+                k: str(self.root / "model" / k) for k in ("adapter", "merged") if (self.root / "model" / k).exists()
+            }
+        return JobState(self.name, status, detail, artifacts)
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        while True:
+            yield from self._new_lines()
+            if not follow or self.status().status.finished:
+                yield from self._new_lines()
+                return
+            time.sleep(2)
+
+    def _new_lines(self) -> Iterator[str]:
+        if not self.output.exists():
+            return
+        with self.output.open() as handle:
+            handle.seek(self._offset)
+            text = handle.read()
+        complete = text.rfind("\n") + 1
+        self._offset += complete
+        yield from text[:complete].splitlines()
+
+    def stop(self) -> None:
+        _run("scancel", self.name)  # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints
+
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
+        emit = on_line or (lambda line: None)
+        seen = ""
+        while True:
+            state = self.status()
+            if state.detail != seen:
+                seen = state.detail
+                emit(f"[toolkit] slurm job {self.name}: {state.status.value} ({state.detail})")
+            for line in self._new_lines():
+                emit(line)
+            if state.status.finished:
+                for line in self._new_lines():
+                    emit(line)
+                return state
+            time.sleep(poll_seconds)
+
+
+class SlurmOrchestrator:
+    def render(self, config: Config) -> str:
+        return sbatch_script(config)
+
+    def submit(self, config: Config, fresh: bool = False) -> SlurmJob:
+        root = job_dir(config)
+        if fresh:
+            for stale in ("checkpoints", "model", "output"):
+                shutil.rmtree(root / stale, ignore_errors=True)
+        stage(config, root)
+        script = root / "submit.sbatch"
+        script.write_text(sbatch_script(config))
+        submitted = _run("sbatch", "--parsable", str(script))
+        if submitted.returncode != 0:
+            raise TargetError(f"sbatch refused the job: {submitted.stderr.strip()}")
+        return SlurmJob(submitted.stdout.strip().split(";")[0], root)
+
+    def attach(self, config: Config, job_name: str) -> SlurmJob:
+        return SlurmJob(job_name, job_dir(config))
+
+
+ORCHESTRATOR = SlurmOrchestrator()
