@@ -6,6 +6,7 @@ port. Daemons run from a private directory and are stopped by PID.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -116,8 +117,6 @@ class SlurmCluster:
 
     def stop(self) -> None:
         for pid in reversed(self.pids):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         time.sleep(0.5)
