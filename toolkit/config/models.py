@@ -79,6 +79,9 @@ class HyperPodTarget(StrictModel):
         "python3", description="Slurm without a container image: the Python (with torch) on every node."
     )
     exclusive: bool = Field(True, description="Slurm: take whole nodes (--exclusive).")
+    eks_job_kind: Literal["HyperPodPyTorchJob", "PyTorchJob"] = Field(
+        "HyperPodPyTorchJob", description="EKS: HyperPod training operator's job, or Kubeflow's PyTorchJob."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HyperPodTarget:

@@ -1,0 +1,233 @@
+"""HyperPod on EKS: a `HyperPodPyTorchJob` (HyperPod training operator) or a Kubeflow `PyTorchJob`.
+
+The entrypoint code and the job's settings travel in a ConfigMap mounted into every pod, so nothing has to
+be copied onto the cluster's filesystem from the submitting machine; the job directory (checkpoints, model)
+is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and the user's kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from entrypoints.settings import to_hyperparameters
+from toolkit.config import Config
+from toolkit.config.instances import instance
+from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
+
+CODE_MOUNT = "/opt/toolkit"
+KINDS = {
+    "HyperPodPyTorchJob": ("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs"),
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+}
+
+
+def code_files() -> dict[str, str]:
+    files = {p.name: p.read_text() for p in sorted(ENTRYPOINTS.glob("*.py"))}
+    files["requirements.txt"] = (ENTRYPOINTS / "requirements.txt").read_text()
+    files["multilingual-thinking.jsonl"] = (ENTRYPOINTS / "samples" / "multilingual-thinking.jsonl").read_text()
+    return files
+
+
+def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
+    hp = config.hyperpod
+    if not hp.image:
+        raise TargetError("hyperpod.image is required on EKS: the training image every pod runs")
+    spec = instance(hp.instance_type, "hyperpod.instance_type")
+    root = job_dir(config)
+    # ConfigMap keys are flat: rebuild the package layout, then launch
+    setup = (
+        f"mkdir -p /tmp/toolkit/entrypoints/samples {root}/input/config && "
+        f"cp {CODE_MOUNT}/*.py /tmp/toolkit/entrypoints/ && "
+        f"cp {CODE_MOUNT}/multilingual-thinking.jsonl /tmp/toolkit/entrypoints/samples/ && "
+        f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
+        f"pip install -q -r {CODE_MOUNT}/requirements.txt && "
+        + " ".join([*launcher, "/tmp/toolkit/entrypoints/train.py"])
+    )
+    resources = {"nvidia.com/gpu": hp.gpus_per_node}
+    if spec.efa:
+        resources["vpc.amazonaws.com/efa"] = spec.efa
+    return {
+        "name": "pytorch",
+        "image": hp.image,
+        "command": ["bash", "-c", setup],
+        "env": [{"name": "TOOLKIT_ML_ROOT", "value": str(root)}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": resources, "limits": resources},
+        "volumeMounts": [
+            {"name": "fsx", "mountPath": hp.fsx.mount_path},
+            {"name": "code", "mountPath": CODE_MOUNT},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    }
+
+
+def _pod_template(config: Config, launcher: list[str]) -> dict[str, Any]:
+    hp = config.hyperpod
+    return {
+        "metadata": {"labels": {"app.kubernetes.io/name": config.name}},
+        "spec": {
+            "nodeSelector": {"node.kubernetes.io/instance-type": hp.instance_type},
+            "containers": [_container(config, launcher)],
+            "volumes": [
+                {"name": "fsx", "persistentVolumeClaim": {"claimName": hp.fsx.claim}},
+                {"name": "code", "configMap": {"name": f"{config.name}-code"}},
+                {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            ],
+        },
+    }
+
+
+def manifests(config: Config) -> list[dict[str, Any]]:
+    """The ConfigMap (code + settings) and the job, as Kubernetes objects."""
+    hp = config.hyperpod
+    labels = {}
+    if hp.queue:
+        labels["kueue.x-k8s.io/queue-name"] = hp.queue
+    if hp.priority:
+        labels["kueue.x-k8s.io/priority-class"] = hp.priority
+    metadata = {"name": config.name, "namespace": hp.namespace, "labels": labels}
+    data = {**code_files(), "hyperparameters.json": json.dumps(to_hyperparameters(config.train_settings()))}
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{config.name}-code", "namespace": hp.namespace},
+        "data": data,
+    }
+    procs = hp.gpus_per_node
+    if hp.eks_job_kind == "HyperPodPyTorchJob":
+        job = {
+            "apiVersion": "sagemaker.amazonaws.com/v1",
+            "kind": "HyperPodPyTorchJob",
+            "metadata": metadata,
+            "spec": {
+                "nprocPerNode": str(procs),
+                "runPolicy": {"cleanPodPolicy": "None", "jobMaxRetryCount": hp.max_retries},
+                "replicaSpecs": [
+                    {
+                        "name": "pods",
+                        "replicas": hp.nodes,
+                        "template": _pod_template(
+                            config, ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"]
+                        ),
+                    }
+                ],
+            },
+        }
+    else:  # Kubeflow's operator sets PET_* for torchrun (nodes, rank, master)
+        template = _pod_template(config, ["torchrun"])
+        replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
+        if hp.nodes > 1:
+            replicas["Worker"] = {"replicas": hp.nodes - 1, "restartPolicy": "OnFailure", "template": template}
+        job = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": metadata,
+            "spec": {
+                "nprocPerNode": str(procs),
+                "runPolicy": {"backoffLimit": hp.max_retries, "cleanPodPolicy": "None"},
+                "pytorchReplicaSpecs": replicas,
+            },
+        }
+    return [config_map, job]
+
+
+def _clients():
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise TargetError("the EKS orchestrator needs the Kubernetes client: pip install kubernetes") from None
+    try:
+        config.load_kube_config()
+    except Exception as exc:
+        raise TargetError(f"no usable kubeconfig ({exc}): run `aws eks update-kubeconfig --name CLUSTER`") from None
+    return client.CoreV1Api(), client.CustomObjectsApi()
+
+
+@dataclass
+class EksJob:
+    name: str
+    config: Config
+    stops_on_interrupt = False
+
+    def _kind(self) -> tuple[str, str, str]:
+        return KINDS[self.config.hyperpod.eks_job_kind]
+
+    def status(self) -> JobState:
+        _, custom = _clients()
+        group, version, plural = self._kind()
+        obj = custom.get_namespaced_custom_object(group, version, self.config.hyperpod.namespace, plural, self.name)
+        conditions = obj.get("status", {}).get("conditions", [])
+        current: dict = next((c for c in reversed(conditions) if c.get("status") == "True"), {})
+        status = {
+            "Succeeded": Status.COMPLETED,
+            "Completed": Status.COMPLETED,
+            "Failed": Status.FAILED,
+            "Running": Status.RUNNING,
+        }.get(current.get("type", ""), Status.PENDING)
+        return JobState(self.name, status, current.get("message", current.get("type", "")))
+
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        core, _ = _clients()
+        pods = core.list_namespaced_pod(
+            self.config.hyperpod.namespace, label_selector=f"app.kubernetes.io/name={self.config.name}"
+        )
+        for pod in pods.items:
+            text = core.read_namespaced_pod_log(pod.metadata.name, self.config.hyperpod.namespace)
+            for line in text.splitlines():
+                yield f"[{pod.metadata.name}] {line}"
+
+    def stop(self) -> None:
+        _, custom = _clients()
+        group, version, plural = self._kind()
+        custom.delete_namespaced_custom_object(group, version, self.config.hyperpod.namespace, plural, self.name)
+
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
+        emit = on_line or (lambda line: None)
+        seen = None
+        while True:
+            state = self.status()
+            if (state.status, state.detail) != seen:
+                seen = (state.status, state.detail)
+                emit(f"[toolkit] {self.name}: {state.status.value} {state.detail}")
+            if state.status.finished:
+                return state
+            time.sleep(poll_seconds)
+
+
+class EksOrchestrator:
+    def render(self, config: Config) -> str:
+        return yaml.safe_dump_all(manifests(config), sort_keys=False)
+
+    def submit(self, config: Config, fresh: bool = False) -> EksJob:
+        from kubernetes.client.exceptions import ApiException
+
+        core, custom = _clients()
+        config_map, job = manifests(config)
+        namespace = config.hyperpod.namespace
+        try:
+            try:
+                core.create_namespaced_config_map(namespace, config_map)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                core.replace_namespaced_config_map(config_map["metadata"]["name"], namespace, config_map)
+            group, version, plural = KINDS[config.hyperpod.eks_job_kind]
+            custom.create_namespaced_custom_object(group, version, namespace, plural, job)
+        except ApiException as exc:
+            reason = {404: "the job kind is not installed on this cluster (is the training operator there?)",
+                      409: f"a job named {config.name} already exists: delete it (toolkit jobs stop) or rename",
+                      422: "the cluster rejected the manifest"}.get(exc.status, exc.reason)  # fmt: skip
+            raise TargetError(f"EKS refused the job: {reason} ({exc.status}: {exc.body})") from None
+        return EksJob(config.name, config)
+
+    def attach(self, config: Config, job_name: str) -> EksJob:
+        return EksJob(job_name, config)
+
+
+ORCHESTRATOR = EksOrchestrator()
