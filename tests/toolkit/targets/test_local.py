@@ -107,3 +107,35 @@ def test_cli_reports_a_failed_job_with_its_reason(tmp_path):
     )
     assert result.exit_code == 1
     assert "failed: DataError" in result.output and "cannot read json data" in result.output
+
+
+def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
+    """The FSDP path (gpt-oss-120b's) on CPU with gloo: sharded checkpoints, resume, rank-0 merge."""
+    import shutil
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(
+        "tiny-gpt-oss-local",
+        [f"local.output_dir={tmp_path}/run", "local.nproc_per_node=2", "training.distributed=fsdp",
+         "training.max_steps=4", "training.save_steps=2"],
+    )  # fmt: skip
+    state = toolkit.train(config).wait()
+    assert state.status is Status.COMPLETED, state
+    root = tmp_path / "run"
+    shutil.rmtree(root / "checkpoints" / "checkpoint-4")
+    shutil.rmtree(root / "model")
+    lines: list[str] = []
+    state = toolkit.train(config).wait(lines.append)
+    assert state.status is Status.COMPLETED
+    assert f"resuming from {root / 'checkpoints' / 'checkpoint-2'}" in "\n".join(lines)
+    assert json.loads((root / "model" / "run.json").read_text())["global_step"] == 4
+    assert AutoModelForCausalLM.from_pretrained(root / "model" / "merged").config.model_type == "gpt_oss"
+    from entrypoints.tiny_model import tiny_gpt_oss_path
+
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_gpt_oss_path()), root / "model" / "adapter"
+    )
+    trained = [p for n, p in adapted.named_parameters() if "lora_B" in n]
+    assert trained and any(float(p.abs().sum()) > 0 for p in trained)  # the full adapter was gathered, not a shard
