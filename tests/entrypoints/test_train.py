@@ -27,7 +27,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    root = lay_out(tmp_path, [*lora, "training.max_steps=30", "training.save_steps=0"])
+    root = lay_out(tmp_path, [*lora, "training.max_steps=30", "training.save_steps=0", "training.learning_rate=1e-2"])
     result = run_entrypoint(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     curve = losses(result.stdout)
