@@ -66,6 +66,18 @@ class Target(Protocol):
     def attach(self, config: Config, job_name: str) -> Job: ...
 
 
+def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], follow: bool, poll: float):
+    """Lines as they arrive; with follow, until the job has finished (then the last ones)."""
+    import time
+
+    while True:
+        yield from new_lines()
+        if not follow or finished():
+            yield from new_lines()
+            return
+        time.sleep(poll)
+
+
 class TargetError(Exception):
     """The target cannot run this job; the message says why and what to do."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.base import JobState, Status, TargetError, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
 RENDEZVOUS_PORT = 29500
@@ -108,12 +108,7 @@ class SlurmJob:
         return JobState(self.name, status, detail, artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:
-        while True:
-            yield from self._new_lines()
-            if not follow or self.status().status.finished:
-                yield from self._new_lines()
-                return
-            time.sleep(2)
+        return tail(self._new_lines, lambda: self.status().status.finished, follow, poll=2)
 
     def _new_lines(self) -> Iterator[str]:
         if not self.output.exists():

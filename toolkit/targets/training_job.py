@@ -22,7 +22,7 @@ from entrypoints.settings import to_hyperparameters
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.base import JobState, Status, TargetError, tail
 
 ENTRYPOINTS = Path(__file__).resolve().parents[2] / "entrypoints"
 PYTORCH_IMAGE = "pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
@@ -143,12 +143,7 @@ class TrainingJob:
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         """Events from every host's log stream, oldest first; with follow, until the job ends."""
-        while True:
-            yield from self._new_log_lines()
-            if not follow or self.status().status.finished:
-                yield from self._new_log_lines()
-                return
-            time.sleep(5)
+        return tail(self._new_log_lines, lambda: self.status().status.finished, follow, poll=5)
 
     def _new_log_lines(self) -> Iterator[str]:
         logs = aws.client(self.config.aws, "logs", self.boto_session)
