@@ -271,7 +271,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if settings.training.distributed == "ddp":
         check_ranks_agree(model)
     adapter_dir = paths.model_dir / "adapter"
-    trainer.save_model(str(adapter_dir))  # gathers FSDP shards; writes on rank 0 only
+    if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model(str(adapter_dir))  # writes on rank 0 only
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(adapter_dir)
         summary = {
