@@ -53,9 +53,3 @@ def require(settings: AwsSettings, *fields: str) -> None:
             "or pass --set aws.<field>=..."
         )
 
-
-def split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise AwsError(f"{uri} is not an s3:// URI")
-    bucket, _, key = uri[5:].partition("/")
-    return bucket, key
