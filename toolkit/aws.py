@@ -52,4 +52,3 @@ def require(settings: AwsSettings, *fields: str) -> None:
             f"{', '.join(missing)} not set: add them to the config (`toolkit infra outputs` can write them) "
             "or pass --set aws.<field>=..."
         )
-
