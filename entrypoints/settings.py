@@ -66,8 +66,8 @@ class DataSettings(StrictModel):
     """Where the training rows come from and how they become tokens."""
 
     source: str = Field(
-        description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), "
-        f"s3:// URI, or `{SAMPLE_DATASET}` (ships with the toolkit)."
+        description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), s3:// URI, "
+        f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or `{SAMPLE_DATASET}` (ships with the toolkit)."
     )
     split: str = Field("train", description="Split to train on.")
     format: Literal["multilingual-thinking", "messages"] = Field(

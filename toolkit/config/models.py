@@ -152,6 +152,11 @@ class Config(TrainSettings):
     def _target_needs(self) -> Config:
         if self.target == "hyperpod" and not self.hyperpod.cluster:
             raise ValueError("target 'hyperpod' needs hyperpod.cluster: set the cluster name")
+        if self.target == "training-job" and self.data.source.startswith("fsx://") and not self.training_job.subnets:
+            raise ValueError(
+                "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
+                "training_job.security_group_ids"
+            )
         return self
 
     def train_settings(self) -> TrainSettings:

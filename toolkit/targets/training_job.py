@@ -317,10 +317,22 @@ class TrainingJobTarget:
         return trainer, boto_session
 
     @staticmethod
-    def _channels(config: Config, boto_session, dry_run: bool) -> dict[str, str]:
+    def _channels(config: Config, boto_session, dry_run: bool) -> dict[str, Any]:
         source = config.data.source
         if source.startswith("s3://"):
             return {"train": source}
+        if source.startswith("fsx://"):  # fsx://<file system id>/<mount name>/<path>: mounted, not copied
+            from sagemaker.core.shapes import FileSystemDataSource
+
+            system, _, directory = source[len("fsx://") :].partition("/")
+            return {
+                "train": FileSystemDataSource(
+                    file_system_id=system,
+                    file_system_type="FSxLustre",
+                    file_system_access_mode="ro",
+                    directory_path=f"/{directory}",
+                )
+            }
         path = Path(source)
         if source.startswith("builtin:") or not path.exists():
             return {}  # builtin sample or hub dataset: the entrypoint loads it by name

@@ -197,3 +197,19 @@ def test_missing_role_or_credentials_fail_before_any_request(aws_env, monkeypatc
     )  # fmt: skip
     assert result.exit_code == 2 and "no AWS credentials found" in result.output
     assert keys() == {}
+
+
+def test_fsx_source_becomes_a_mounted_channel(aws_env):
+    from toolkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set training_job.subnets"):
+        config(aws_env, "target=training-job", "data.source=fsx://fs-0abc/fsx/datasets/chat")
+    cfg = config(aws_env, "target=training-job", "data.source=fsx://fs-0abc/fsx/datasets/chat",
+                 "training_job.subnets=[subnet-1]", "training_job.security_group_ids=[sg-1]")  # fmt: skip
+    request = json.loads(TARGET.render(cfg))
+    train = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "train")
+    assert train["DataSource"]["FileSystemDataSource"] == {
+        "FileSystemId": "fs-0abc", "FileSystemAccessMode": "ro", "FileSystemType": "FSxLustre",
+        "DirectoryPath": "/fsx/datasets/chat",
+    }  # fmt: skip
+    assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
