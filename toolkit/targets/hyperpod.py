@@ -7,13 +7,12 @@ same Target interface. Both run the entrypoint with the shared filesystem's job 
 from __future__ import annotations
 
 import importlib
-import json
 import shutil
 from pathlib import Path
 
-from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
 from toolkit.targets.base import TargetError
+from toolkit.targets.jobtree import place_train_channel, write_settings
 
 ENTRYPOINTS = Path(__file__).resolve().parents[2] / "entrypoints"
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
@@ -26,35 +25,18 @@ def job_dir(config: Config) -> Path:
 
 
 def stage(config: Config, root: Path) -> None:
-    """Write what every node reads: settings, code, and local data as the 'train' channel."""
-    config_file = root / "input" / "config" / "hyperparameters.json"
-    config_file.parent.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(json.dumps(to_hyperparameters(config.train_settings()), indent=2))
-    code = root / "code" / "entrypoints"
-    shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(ENTRYPOINTS, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (root / "output").mkdir(exist_ok=True)
-    (root / "output" / "failure").unlink(missing_ok=True)
+    """Write what every node reads: settings, code, and local data copied in as the 'train' channel."""
     source = config.data.source
     if source.startswith("s3://"):
         raise TargetError(
             f"data.source {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
             f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point data.source there"
         )
-    path = Path(source)
-    channel = root / "input" / "data" / "train"
-    if channel.is_symlink() or channel.is_file():
-        channel.unlink()
-    elif channel.exists():
-        shutil.rmtree(channel)
-    if source.startswith("builtin:") or not path.exists():
-        return
-    channel.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir():
-        shutil.copytree(path, channel)
-    else:
-        channel.mkdir()
-        shutil.copy(path, channel / path.name)
+    write_settings(config, root)
+    code = root / "code" / "entrypoints"
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(ENTRYPOINTS, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    place_train_channel(source, root, copy=True)
 
 
 class HyperPodTarget:

@@ -21,6 +21,7 @@ from pathlib import Path
 from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
 from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.jobtree import place_train_channel, settings_file, write_settings
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "entrypoints" / "train.py"
 
@@ -129,47 +130,30 @@ class LocalTarget:
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:
-        hyperparameters = to_hyperparameters(config.train_settings())
-        config_file = root / "input" / "config" / "hyperparameters.json"
+        if config.data.source.startswith("s3://"):
+            raise TargetError(
+                f"data.source {config.data.source} is on S3: the local target reads local data; "
+                "download it, or train with --target training-job"
+            )
         if fresh:
             for stale in (root / "checkpoints", root / "model", root / "output"):
                 shutil.rmtree(stale, ignore_errors=True)
-        elif _has_checkpoints(root) and config_file.exists() and json.loads(config_file.read_text()) != hyperparameters:
+        elif _has_checkpoints(root) and _settings_changed(config, root):
             raise TargetError(
                 f"{root} holds checkpoints of a different config; resuming would mix runs. "
                 "Pass --fresh to start over, or set local.output_dir to another directory"
             )
-        config_file.parent.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(json.dumps(hyperparameters, indent=2))
-        (root / "output").mkdir(exist_ok=True)
-        (root / "output" / "failure").unlink(missing_ok=True)
-        _link_train_channel(config.data.source, root / "input" / "data" / "train")
+        write_settings(config, root)
+        place_train_channel(config.data.source, root, copy=False)
 
 
 def _has_checkpoints(root: Path) -> bool:
     return any((root / "checkpoints").glob("checkpoint-*"))
 
 
-def _link_train_channel(source: str, channel: Path) -> None:
-    """Local data becomes the 'train' channel (a directory, as in SageMaker); builtin/hub data is loaded by name."""
-    if channel.is_symlink():
-        channel.unlink()
-    elif channel.exists():
-        shutil.rmtree(channel)
-    if source.startswith("s3://"):
-        raise TargetError(
-            f"data.source {source} is on S3: the local target reads local data; "
-            "download it, or train with --target training-job"
-        )
-    path = Path(source)
-    if source.startswith("builtin:") or not path.exists():
-        return
-    if path.is_dir():
-        channel.parent.mkdir(parents=True, exist_ok=True)
-        channel.symlink_to(path.resolve())
-    else:
-        channel.mkdir(parents=True)
-        (channel / path.name).symlink_to(path.resolve())
+def _settings_changed(config: Config, root: Path) -> bool:
+    written = settings_file(root)
+    return written.exists() and json.loads(written.read_text()) != to_hyperparameters(config.train_settings())
 
 
 TARGET = LocalTarget()
