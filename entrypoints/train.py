@@ -267,6 +267,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     result = trainer.train(resume_from_checkpoint=resume)
     if hooks[1].requested:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
+        leave_process_group()
         return EXIT_INTERRUPTED
     if settings.training.distributed == "ddp":
         check_ranks_agree(model)
@@ -274,24 +275,36 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(adapter_dir))  # writes on rank 0 only
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(adapter_dir)
-        summary = {
-            "settings": settings.model_dump(mode="json"),
-            "data": data_stats,
-            "global_step": trainer.state.global_step,
-            "train_loss": result.training_loss,
-            "log_history": trainer.state.log_history,
-            "seconds": round(time.monotonic() - started, 1),
-        }
-        if settings.training.merge_adapter:
-            del trainer, model
-            merge(settings, adapter_dir, paths.model_dir / "merged")
-        (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
-        log(f"adapter: {adapter_dir}")
-        if settings.training.merge_adapter:
-            log(f"merged model: {paths.model_dir / 'merged'}")
+    leave_process_group()
+    if rank() != 0:
+        return 0
+    tokenizer.save_pretrained(adapter_dir)
+    summary = {
+        "settings": settings.model_dump(mode="json"),
+        "data": data_stats,
+        "global_step": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "log_history": trainer.state.log_history,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if settings.training.merge_adapter:
+        del trainer, model
+        merge(settings, adapter_dir, paths.model_dir / "merged", tokenizer)
+    (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
+    log(f"adapter: {adapter_dir}")
+    if settings.training.merge_adapter:
+        log(f"merged model: {paths.model_dir / 'merged'}")
     return 0
+
+
+def leave_process_group() -> None:
+    """End the collective part on every rank together: a rank that exits while another still uses the group
+    can abort in gloo's teardown, and torchrun then kills the rank that is still writing the model."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def check_ranks_agree(model) -> None:
@@ -311,17 +324,17 @@ def check_ranks_agree(model) -> None:
     log(f"ranks agree on the adapter weights ({dist.get_world_size()} processes, checksum {local.sum():.6e})")
 
 
-def merge(settings: TrainSettings, adapter_dir: Path, out: Path) -> None:
+def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> None:
     """Reload the base on CPU and merge the saved adapter: the same path for DDP and FSDP runs."""
     from peft import PeftModel
 
-    from entrypoints.model import load_model, load_tokenizer, save_merged
+    from entrypoints.model import load_model, save_merged
 
     base = load_model(settings.model, device_map="cpu")
     model = PeftModel.from_pretrained(base, str(adapter_dir))
     if out.exists():
         shutil.rmtree(out)
-    save_merged(model, load_tokenizer(settings.model), out)
+    save_merged(model, tokenizer, out)
 
 
 def relaunch_under_torchrun() -> None:
