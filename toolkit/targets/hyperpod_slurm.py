@@ -111,14 +111,15 @@ class SlurmJob:
         return tail(self._new_lines, lambda: self.status().status.finished, follow, poll=2)
 
     def _new_lines(self) -> Iterator[str]:
+        """Complete lines written since the last call; the offset counts bytes (the log holds multi-byte text)."""
         if not self.output.exists():
             return
-        with self.output.open() as handle:
+        with self.output.open("rb") as handle:
             handle.seek(self._offset)
-            text = handle.read()
-        complete = text.rfind("\n") + 1
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1
         self._offset += complete
-        yield from text[:complete].splitlines()
+        yield from data[:complete].decode("utf-8", errors="replace").splitlines()
 
     def stop(self) -> None:
         _run("scancel", self.name)  # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints

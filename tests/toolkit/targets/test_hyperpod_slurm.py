@@ -83,3 +83,15 @@ def test_failure_reports_the_entrypoint_reason(slurm, tmp_path):
     state = job.wait(poll_seconds=1)
     assert state.status is Status.FAILED
     assert "cannot read json data" in state.detail
+
+
+def test_log_tail_handles_multibyte_text_across_reads(tmp_path):
+    from toolkit.targets.hyperpod_slurm import SlurmJob
+
+    job = SlurmJob("7", tmp_path)
+    job.output.parent.mkdir(parents=True)
+    job.output.write_text("progress ━━━━ 50%\npartial ━")
+    assert list(job._new_lines()) == ["progress ━━━━ 50%"]
+    with job.output.open("a") as handle:
+        handle.write("━ done\nnext █ line\n")
+    assert list(job._new_lines()) == ["partial ━━ done", "next █ line"]
