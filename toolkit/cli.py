@@ -368,6 +368,218 @@ def infra_destroy(
     out.print(f"deleted {stack}")
 
 
+DeployTarget = Annotated[str, typer.Option("--target", help="endpoint (SageMaker) | local (vLLM on this machine).")]
+
+
+def _deploy_errors():
+    from toolkit.aws import AwsError
+    from toolkit.config import ConfigError
+    from toolkit.deploy import DeployError
+
+    return (DeployError, AwsError, ConfigError)
+
+
+def _client_error_message(exc: Exception) -> str:
+    response = getattr(exc, "response", {}) or {}
+    error = response.get("Error", {})
+    return f"{error.get('Code', type(exc).__name__)}: {error.get('Message', exc)}"
+
+
+@app.command("deploy")
+def deploy(
+    source: ConfigArg,
+    target: DeployTarget = "endpoint",
+    image_uri: Annotated[str | None, typer.Option(help="Serve this image; skip the build.")] = None,
+    model_data: Annotated[str | None, typer.Option(help="S3 URI of model.tar.gz (default: latest job's).")] = None,
+    model_dir: Annotated[
+        str | None, typer.Option(help="local: the model directory (default: training output).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="local: port (default: serving.local_port).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request; create nothing.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Serve the trained model: a SageMaker endpoint (created, or updated blue/green) or vLLM on this machine."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from toolkit import sdk
+
+    cfg = load(source, set_)
+    if target == "local":
+        return _deploy_local(cfg, model_dir, port)
+    if target != "endpoint":
+        fail(f"--target must be endpoint or local, not {target!r}")
+    try:
+        if dry_run:
+            requests = sdk.render_deploy(cfg, image_uri, model_data)
+            sys.stdout.write(json.dumps([{r.operation: r.params} for r in requests], indent=2, default=str) + "\n")
+            if not requests:
+                err.print("the endpoint already serves this image and model: nothing to do")
+            return
+        with err.status(f"deploying {cfg.name} ...") as status:
+            state = sdk.deploy(cfg, image_uri, model_data, on_status=lambda line: status.update(line[-160:]))
+    except _deploy_errors() as exc:
+        fail(str(exc), code=1)
+    except (ClientError, BotoCoreError) as exc:
+        fail(_client_error_message(exc), code=1)
+    except KeyboardInterrupt:
+        err.print(
+            "detached: SageMaker goes on creating/updating the endpoint (a failed update rolls back by itself). "
+            f"Check it with: toolkit endpoint describe -c {source}"
+        )
+        raise typer.Exit(130) from None
+    done = "up to date" if not state.actions else "deployed"
+    out.print(f"[green]{done}:[/] endpoint {state.name} serves {state.config_name}", highlight=False)
+    out.print(f"try it: toolkit invoke {source} 'Wie viele Planeten hat das Sonnensystem?' --reasoning-language French",
+              highlight=False, markup=False)  # fmt: skip
+
+
+def _deploy_local(cfg, model_dir: str | None, port: int | None) -> None:
+    import signal
+
+    from toolkit import sdk
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # stop vLLM too when run in the background and terminated
+    try:
+        server = sdk.serve_local(cfg, model_dir, port)
+        with err.status("starting vLLM ...") as status:
+            server.wait_ready(on_status=lambda line: status.update(f"starting vLLM: {line[-120:]}"))
+    except _deploy_errors() as exc:
+        fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        server.stop()
+        raise typer.Exit(130) from None
+    out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
+              f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
+    try:
+        code = server.process.wait()
+    except KeyboardInterrupt:
+        server.stop()
+        out.print("stopped")
+        return
+    fail(f"the server exited with {code}:\n{server.log_tail()}", code=1)
+
+
+@app.command("invoke")
+def invoke(
+    source: ConfigArg,
+    question: Annotated[str, typer.Argument(help="The user message.")],
+    reasoning_language: Annotated[
+        str | None, typer.Option(help="System prompt 'reasoning language: X' (the model reasons in X).")
+    ] = None,
+    system: Annotated[str | None, typer.Option(help="More system instructions.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 512,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.7,
+    stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they arrive.")] = True,
+    target: DeployTarget = "endpoint",
+    url: Annotated[str | None, typer.Option(help="A server's base URL (implies a local/HTTP target).")] = None,
+    wait: Annotated[float, typer.Option(help="local/url: wait up to this many seconds for the server.")] = 0,
+    set_: SetOpt = None,
+) -> None:
+    """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from toolkit import sdk
+    from toolkit.deploy.client import messages_for, wait_for
+
+    cfg = load(source, set_)
+    messages = messages_for(question, reasoning_language, system)
+    try:
+        client = sdk.chat_client(cfg, target, url)
+        if wait and (url or target == "local"):
+            with err.status("waiting for the server ..."):
+                wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
+        if not stream:
+            reply = client.chat(messages, max_tokens, temperature)
+            if reply.reasoning:
+                err.print(f"[dim]reasoning:[/] [italic]{reply.reasoning}[/]", highlight=False)
+            out.print(reply.content, highlight=False, markup=False)
+            return
+        shown = None
+        for delta in client.stream(messages, max_tokens, temperature):
+            if delta.kind != shown:
+                err.print("[dim]reasoning:[/] " if delta.kind == "reasoning" else "\n[dim]answer:[/] ", end="")
+                shown = delta.kind
+            (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
+        out.print()
+    except _deploy_errors() as exc:
+        fail(str(exc), code=1)
+    except (ClientError, BotoCoreError) as exc:
+        fail(_client_error_message(exc), code=1)
+
+
+endpoint_app = typer.Typer(help="SageMaker endpoints made by `toolkit deploy`.", no_args_is_help=True)
+app.add_typer(endpoint_app, name="endpoint")
+
+
+@endpoint_app.command("list")
+def endpoint_list(config: JobConfig) -> None:
+    """Endpoints in the config's account and region."""
+    from rich.table import Table
+
+    from toolkit import sdk
+
+    table = Table("name", "status", "modified")
+    for item in sdk.endpoints(load(config, None)).list_endpoints():
+        table.add_row(item["EndpointName"], item["EndpointStatus"], str(item["LastModifiedTime"]))
+    out.print(table)
+
+
+@endpoint_app.command("describe")
+def endpoint_describe(config: JobConfig) -> None:
+    """Status, serving config, instances and failure reason of the config's endpoint."""
+    from toolkit import sdk
+
+    description = sdk.endpoints(load(config, None)).describe()
+    if description is None:
+        fail("the endpoint does not exist: create it with `toolkit deploy`", code=1)
+    out.print(f"{description['EndpointName']}: {description['EndpointStatus']}", highlight=False)
+    out.print(f"  config: {description['EndpointConfigName']}", highlight=False)
+    for variant in description.get("ProductionVariants", []):
+        out.print(
+            f"  {variant['VariantName']}: {variant.get('CurrentInstanceCount', '?')} instance(s)", highlight=False
+        )
+    if description.get("FailureReason"):
+        out.print(f"  failure: {description['FailureReason']}", highlight=False)
+
+
+@endpoint_app.command("delete")
+def endpoint_delete(config: JobConfig, yes: YesOpt = False) -> None:
+    """Delete the endpoint with its config and model (the model data in S3 stays)."""
+    from toolkit import sdk
+
+    endpoints = sdk.endpoints(load(config, None))
+    _confirm(f"Delete endpoint {endpoints.name}?", yes)
+    deleted = endpoints.delete()
+    out.print("deleted " + ", ".join(deleted) if deleted else f"endpoint {endpoints.name} does not exist")
+
+
+@app.command("register")
+def register(
+    source: ConfigArg,
+    job: Annotated[str | None, typer.Option(help="Training job (default: the latest completed one).")] = None,
+    image_uri: Annotated[str | None, typer.Option(help="Serving image (default: built and pushed).")] = None,
+    approve: Annotated[bool, typer.Option("--approve", help="Mark the package Approved.")] = False,
+    set_: SetOpt = None,
+) -> None:
+    """Record a trained model in the Model Package Group named after the config."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from toolkit import sdk
+
+    cfg = load(source, set_)
+    try:
+        registration = sdk.register(cfg, job, image_uri, approve)
+    except _deploy_errors() as exc:
+        fail(str(exc), code=1)
+    except (ClientError, BotoCoreError) as exc:
+        fail(_client_error_message(exc), code=1)
+    verb = "registered" if registration.created else "already registered"
+    out.print(f"{verb}: {registration.arn} ({registration.status}) in {registration.group}", highlight=False)
+
+
 def main() -> None:
     app()
 

@@ -60,3 +60,95 @@ def render_train(config: Config | str | Path, target: str | None = None, overrid
     """What `train` would submit (the dry run): nothing is created or launched."""
     cfg = _as_config(config, overrides, target)
     return get_target(cfg.target).render(cfg)
+
+
+def _image(cfg: Config, image_uri: str | None, on_progress=None, dry_run: bool = False) -> str:
+    from toolkit.deploy.image import ensure_image
+
+    return image_uri or cfg.serving.image_uri or ensure_image(cfg, on_progress, dry_run=dry_run)
+
+
+def build_image(config: Config | str | Path, on_progress=None, overrides: Sequence[str] = ()) -> str:
+    """Build containers/serving and push it to ECR (skipped when the registry has this content's tag)."""
+    from toolkit.deploy.image import ensure_image
+
+    return ensure_image(_as_config(config, overrides), on_progress)
+
+
+def render_deploy(
+    config: Config | str | Path,
+    image_uri: str | None = None,
+    model_data: str | None = None,
+    overrides: Sequence[str] = (),
+) -> list[Any]:
+    """Every request `deploy` would make, given what exists now (the dry run: reads only, creates nothing)."""
+    from toolkit.deploy import endpoint
+
+    cfg = _as_config(config, overrides)
+    return endpoint.Endpoints(cfg).requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data))
+
+
+def deploy(
+    config: Config | str | Path,
+    image_uri: str | None = None,
+    model_data: str | None = None,
+    on_status=None,
+    overrides: Sequence[str] = (),
+    poll_seconds: float = 30,
+) -> Any:
+    """Create or update the SageMaker endpoint (blue/green, rolled back on failure) and wait until it serves.
+
+    The image is built and pushed unless given; the model is the latest completed training job's unless given.
+    Raises `DeployError` when the endpoint does not serve the new model (the old one keeps serving).
+    """
+    from toolkit.deploy import endpoint
+
+    cfg = _as_config(config, overrides)
+    data = endpoint.model_data(cfg, model_data)
+    image = _image(cfg, image_uri, on_status)
+    return endpoint.Endpoints(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
+
+
+def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Any:
+    """The config's endpoint: `describe()`, `list_endpoints()`, `delete()`."""
+    from toolkit.deploy.endpoint import Endpoints
+
+    return Endpoints(_as_config(config, overrides))
+
+
+def serve_local(
+    config: Config | str | Path, model_dir: str | Path | None = None, port: int | None = None, overrides=()
+) -> Any:
+    """Start the serving entry script with vLLM on this machine on the local training output; returns the
+    server (`url`, `wait_ready()`, `stop()`; a context manager)."""
+    from toolkit.deploy.local import LocalServer
+    from toolkit.deploy.local import model_dir as local_model_dir
+
+    cfg = _as_config(config, overrides)
+    return LocalServer(cfg, local_model_dir(cfg, model_dir), port).start()
+
+
+def chat_client(config: Config | str | Path, target: str = "endpoint", url: str | None = None, overrides=()) -> Any:
+    """A chat client for the config's endpoint (`target="endpoint"`) or a local server (`"local"` or `url`)."""
+    from toolkit import aws
+    from toolkit.deploy.client import ChatClient
+    from toolkit.deploy.endpoint import endpoint_name
+
+    cfg = _as_config(config, overrides)
+    if url or target == "local":
+        return ChatClient.for_url(url or f"http://127.0.0.1:{cfg.serving.local_port}", cfg.name)
+    return ChatClient.for_endpoint(endpoint_name(cfg), aws.client(cfg.aws, "sagemaker-runtime"), cfg.name)
+
+
+def register(
+    config: Config | str | Path,
+    job_name: str | None = None,
+    image_uri: str | None = None,
+    approve: bool = False,
+    overrides: Sequence[str] = (),
+) -> Any:
+    """Record a completed training job's model in the config's Model Package Group."""
+    from toolkit.deploy.registry import register as register_model
+
+    cfg = _as_config(config, overrides)
+    return register_model(cfg, _image(cfg, image_uri), job_name, approve)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 PREFIX = "SM_VLLM_"
-OWN = {"SM_VLLM_PORT", "SM_VLLM_BASE_MODEL"}  # read here, not passed through
+OWN = {"SM_VLLM_HOST", "SM_VLLM_PORT", "SM_VLLM_BASE_MODEL"}  # read here, not passed through
 GPT_OSS_DEFAULTS = {
     "--reasoning-parser": "openai_gptoss",
     "--tool-call-parser": "openai",
@@ -73,8 +73,8 @@ def command(env: dict[str, str]) -> list[str]:
         for flag, value in GPT_OSS_DEFAULTS.items():
             if flag not in flags:
                 flags += [flag] if value is None else [flag, value]
-    port = env.get("SM_VLLM_PORT", "8080")
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "0.0.0.0", "--port", port,
+    host, port = env.get("SM_VLLM_HOST", "0.0.0.0"), env.get("SM_VLLM_PORT", "8080")
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", port,
             "--model", model, *flags]  # fmt: skip
 
 

@@ -77,15 +77,15 @@ def test_bad_rows_are_reported_with_index_and_reason(tokenizer, tmp_path):
 def test_overlong_rows_are_dropped_or_truncated_and_counted(tokenizer):
     rows = load_rows(SAMPLE_DATASET)
     report = PrepareReport()
-    kept = prepare(rows, tokenizer, settings(max_length=300), report)
+    kept = prepare(rows, tokenizer, settings(max_length=170), report)
     assert report.dropped_overlong > 0 and len(kept) == len(rows) - report.dropped_overlong
-    assert max(len(ids) for ids in kept["input_ids"]) <= 300
+    assert max(len(ids) for ids in kept["input_ids"]) <= 170
 
     dropped = report.dropped_overlong
     report = PrepareReport()
-    cut = prepare(rows, tokenizer, settings(max_length=300, overlong="truncate"), report)
+    cut = prepare(rows, tokenizer, settings(max_length=170, overlong="truncate"), report)
     assert len(cut) == len(rows) and report.truncated == dropped
-    assert max(len(ids) for ids in cut["input_ids"]) == 300
+    assert max(len(ids) for ids in cut["input_ids"]) == 170
 
 
 def test_parquet_and_save_to_disk_sources(tokenizer, tmp_path):

@@ -93,17 +93,68 @@ class HyperPodTarget(StrictModel):
         return self
 
 
-class ServingSettings(StrictModel):
-    """The vLLM endpoint."""
+class AutoscalingSettings(StrictModel):
+    """Target tracking on invocations per instance (Application Auto Scaling)."""
 
-    endpoint_name: str | None = Field(None, description="Default: the config name.")
-    image_uri: str | None = Field(None, description="Default: built from containers/serving.")
+    min_instances: int = Field(1, ge=1, description="Never fewer instances than this.")
+    max_instances: int = Field(2, ge=1, description="Never more instances than this.")
+    invocations_per_instance: int = Field(
+        20, ge=1, description="Target SageMakerVariantInvocationsPerInstance (requests per minute per instance)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalingSettings:
+        if self.max_instances < self.min_instances:
+            raise ValueError("serving.autoscaling.max_instances must be >= min_instances")
+        return self
+
+
+class ServingSettings(StrictModel):
+    """The vLLM endpoint (SageMaker) or local server."""
+
+    endpoint_name: str | None = Field(
+        None, pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$", max_length=52, description="Default: the config name."
+    )
+    image_uri: str | None = Field(
+        None, description="Serving image; default: containers/serving built and pushed to ECR."
+    )
+    repository: str = Field(
+        "toolkit-serving", description="ECR repository of the built image (`toolkit infra` makes it)."
+    )
+    base_image: str | None = Field(
+        None, description="vLLM image to build on; default: the Dockerfile's pinned release."
+    )
+    model_data: str | None = Field(
+        None, description="S3 URI of model.tar.gz; default: the latest completed training job of this config."
+    )
+    weights: Literal["merged", "adapter"] = Field(
+        "merged", description="Serve the merged model, or model.id plus the LoRA adapter (--enable-lora)."
+    )
     instance_type: str = Field("ml.g6e.2xlarge", description="Endpoint GPU instance type.")
     instance_count: int = Field(1, ge=1, description="Endpoint instances.")
+    volume_size_gb: int | None = Field(None, ge=1, description="EBS volume (only instance types without NVMe storage).")
+    startup_timeout_seconds: int = Field(
+        1800, ge=60, le=3600, description="Container health-check timeout: model load + vLLM start-up."
+    )
+    download_timeout_seconds: int = Field(1800, ge=60, le=3600, description="Model data download timeout.")
+    routing: Literal["LEAST_OUTSTANDING_REQUESTS", "RANDOM"] = Field(
+        "LEAST_OUTSTANDING_REQUESTS", description="How the endpoint routes requests between instances."
+    )
+    rollback_alarms: list[str] = Field(
+        default_factory=list, description="CloudWatch alarms that roll an update back while they fire."
+    )
+    autoscaling: AutoscalingSettings | None = Field(None, description="Scale the instance count on load.")
     tensor_parallel_size: int | None = Field(None, ge=1, description="Default: the instance's GPUs.")
     max_model_len: int = Field(8192, ge=16, description="vLLM --max-model-len.")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     max_num_seqs: int = Field(64, ge=1, description="vLLM --max-num-seqs (concurrent sequences).")
+    vllm_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="More vLLM flags, e.g. {enable-prefix-caching: true} (SM_VLLM_* env)."
+    )
+    local_port: int = Field(8080, ge=1, le=65535, description="Port of `toolkit deploy --target local`.")
+    local_python: str | None = Field(
+        None, description="Python with vLLM for local serving; default: .venv-serve (scripts/env.sh serve)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServingSettings:
@@ -114,6 +165,8 @@ class ServingSettings(StrictModel):
             raise ValueError(
                 f"serving.tensor_parallel_size is {self.tensor_parallel_size} but {self.instance_type} has {gpus} GPUs"
             )
+        if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
+            raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
         return self
 
 
@@ -125,6 +178,9 @@ class AwsSettings(StrictModel):
     bucket: str | None = Field(None, description="S3 bucket for code, data and artifacts.")
     prefix: str = Field("toolkit", description="Key prefix inside the bucket.")
     endpoint_url: str | None = Field(None, description="Override every AWS endpoint (e.g. a local emulator).")
+    registry_url: str | None = Field(
+        None, description="Override the ECR registry that images are pushed to (e.g. http://127.0.0.1:5000)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AwsSettings:

@@ -1,0 +1,235 @@
+"""The SageMaker endpoint lifecycle against moto server (a real HTTP emulator on loopback).
+
+moto implements create/describe/delete for models, endpoint configs and endpoints (an endpoint is InService
+at once) and Application Auto Scaling, but not UpdateEndpoint: the blue/green update, its rollback and a busy
+endpoint are driven with botocore's Stubber on a real client. What this does not cover: a real endpoint's
+container start-up, health checks and traffic shifting (SageMaker's side).
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from typer.testing import CliRunner
+
+from toolkit import sdk
+from toolkit.cli import app
+from toolkit.config import load_config
+from toolkit.deploy import DeployError
+from toolkit.deploy.endpoint import Endpoints
+
+pytestmark = pytest.mark.integration
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:serve-0123456789ab"
+MODEL = "s3://toolkit-test-bucket/jobs/tiny-1/output/model.tar.gz"
+
+
+def config(aws_env, *overrides):
+    return load_config(
+        "tiny-gpt-oss-local",
+        [f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}", "serving.instance_type=ml.g4dn.xlarge",
+         *overrides],
+    )  # fmt: skip
+
+
+def sagemaker():
+    return boto3.client("sagemaker", region_name="us-east-1")
+
+
+def completed_training_job(aws_env, name):
+    sagemaker().create_training_job(
+        TrainingJobName=name,
+        AlgorithmSpecification={"TrainingImage": "train:1", "TrainingInputMode": "File"},
+        RoleArn=aws_env["role"],
+        OutputDataConfig={"S3OutputPath": f"s3://{aws_env['bucket']}/jobs"},
+        ResourceConfig={"InstanceType": "ml.g4dn.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
+        StoppingCondition={"MaxRuntimeInSeconds": 3600},
+    )
+    return sagemaker().describe_training_job(TrainingJobName=name)["ModelArtifacts"]["S3ModelArtifacts"]
+
+
+def test_deploy_creates_model_config_and_endpoint_from_the_latest_training_job(aws_env):
+    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130-1")
+    cfg = config(aws_env, "serving.max_model_len=2048", "serving.vllm_args.enable-prefix-caching=true")
+    state = sdk.deploy(cfg, image_uri=IMAGE, poll_seconds=0)
+
+    assert state.status == "InService" and state.actions == ["create_model", "create_endpoint_config",
+                                                             "create_endpoint"]  # fmt: skip
+    endpoint = sagemaker().describe_endpoint(EndpointName="tiny-gpt-oss-local")
+    assert endpoint["EndpointConfigName"] == state.config_name
+    variant = sagemaker().describe_endpoint_config(EndpointConfigName=state.config_name)["ProductionVariants"][0]
+    assert variant["InstanceType"] == "ml.g4dn.xlarge" and variant["InitialInstanceCount"] == 1
+    model = sagemaker().describe_model(ModelName=variant["ModelName"])
+    container = model["PrimaryContainer"]
+    assert container["Image"] == IMAGE and container["ModelDataUrl"] == model_data
+    assert container["Environment"]["SM_VLLM_MAX_MODEL_LEN"] == "2048"
+    assert container["Environment"]["SM_VLLM_ENABLE_PREFIX_CACHING"] == "true"
+    assert container["Environment"]["SM_VLLM_TENSOR_PARALLEL_SIZE"] == "1"
+    assert model["ExecutionRoleArn"] == aws_env["role"]
+
+
+def test_redeploying_the_same_model_changes_nothing(aws_env):
+    cfg = config(aws_env)
+    first = sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    again = sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    assert again.actions == [] and again.config_name == first.config_name
+    assert len(sagemaker().list_models()["Models"]) == 1
+    assert len(sagemaker().list_endpoint_configs()["EndpointConfigs"]) == 1
+
+
+def test_no_training_job_and_no_model_data_is_a_clear_error(aws_env):
+    with pytest.raises(DeployError, match="no completed training job of tiny-gpt-oss-local.*--model-data"):
+        sdk.deploy(config(aws_env), image_uri=IMAGE, poll_seconds=0)
+    assert sagemaker().list_models()["Models"] == []
+
+
+def test_a_failed_endpoint_is_replaced(aws_env):
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import sagemaker_backends
+
+    cfg = config(aws_env)
+    sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    sagemaker_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].endpoints["tiny-gpt-oss-local"].endpoint_status = "Failed"
+    state = sdk.deploy(cfg, image_uri=IMAGE, model_data="s3://toolkit-test-bucket/other/model.tar.gz", poll_seconds=0)
+    assert state.status == "InService" and state.actions[-2:] == ["delete_endpoint", "create_endpoint"]
+
+
+def test_autoscaling_policy_tracks_invocations(aws_env):
+    cfg = config(aws_env, "serving.autoscaling.max_instances=4", "serving.autoscaling.invocations_per_instance=30")
+    sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    scaling = boto3.client("application-autoscaling", region_name="us-east-1")
+    target = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"][0]
+    assert target["ResourceId"] == "endpoint/tiny-gpt-oss-local/variant/AllTraffic"
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 4)
+    policy = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"][0]
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 30.0
+
+
+def test_delete_removes_endpoint_config_and_model(aws_env):
+    sdk.deploy(config(aws_env), image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    result = CliRunner().invoke(app, ["endpoint", "delete", "-c", "tiny-gpt-oss-local", "--yes"])
+    assert result.exit_code == 0 and "deleted endpoint tiny-gpt-oss-local" in result.stdout
+    assert sagemaker().list_endpoints()["Endpoints"] == []
+    assert sagemaker().list_models()["Models"] == [] and sagemaker().list_endpoint_configs()["EndpointConfigs"] == []
+    again = CliRunner().invoke(app, ["endpoint", "delete", "-c", "tiny-gpt-oss-local", "--yes"])
+    assert again.exit_code == 0 and "does not exist" in again.stdout  # re-running is safe
+
+
+def test_cli_dry_run_prints_every_request_and_creates_nothing(aws_env, tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}'}}\n"
+                    "serving: {instance_type: ml.g4dn.xlarge}\n")  # fmt: skip
+    result = CliRunner().invoke(app, ["deploy", str(path), "--dry-run", "--image-uri", IMAGE, "--model-data", MODEL])
+    assert result.exit_code == 0, result.output
+    requests = json.loads(result.stdout)
+    assert [next(iter(r)) for r in requests] == ["create_model", "create_endpoint_config", "create_endpoint"]
+    assert requests[0]["create_model"]["PrimaryContainer"]["Image"] == IMAGE
+    assert sagemaker().list_models()["Models"] == [] and sagemaker().list_endpoints()["Endpoints"] == []
+
+
+def test_cli_deploy_then_describe(aws_env, tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}'}}\n"
+                    "serving: {instance_type: ml.g4dn.xlarge}\n")  # fmt: skip
+    deployed = CliRunner().invoke(app, ["deploy", str(path), "--image-uri", IMAGE, "--model-data", MODEL])
+    assert deployed.exit_code == 0, deployed.output
+    assert "deployed: endpoint tiny-gpt-oss-local serves tiny-gpt-oss-local-" in deployed.stdout
+    described = CliRunner().invoke(app, ["endpoint", "describe", "-c", str(path)])
+    assert described.exit_code == 0 and "tiny-gpt-oss-local: InService" in described.stdout
+
+
+# -- UpdateEndpoint (not in moto): Stubber on a real client ----------------------------------------------------
+
+
+def stubbed(cfg, old_config="tiny-gpt-oss-local-0000000000"):
+    client = boto3.client("sagemaker", region_name="us-east-1")
+    return client, Stubber(client), Endpoints(cfg, sagemaker=client), old_config
+
+
+def describe(config_name, status="InService", reason=None):
+    reply = {"EndpointName": "tiny-gpt-oss-local", "EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:"
+             "endpoint/tiny-gpt-oss-local", "EndpointConfigName": config_name, "EndpointStatus": status,
+             "CreationTime": "2026-11-30T00:00:00Z", "LastModifiedTime": "2026-11-30T00:00:00Z"}  # fmt: skip
+    if reason:
+        reply["FailureReason"] = reason
+    return reply
+
+
+def missing(stub, operation):
+    stub.add_client_error(operation, "ValidationException", "Could not find model/config")
+
+
+def plan_update(stub, old):
+    missing(stub, "describe_model")
+    missing(stub, "describe_endpoint_config")
+    stub.add_response("describe_endpoint", describe(old))  # requests(): the current endpoint
+    stub.add_response("describe_endpoint", describe(old))  # deploy(): what serves now
+
+
+def test_update_is_blue_green_with_alarm_rollback_and_cleans_up_the_old_config(aws_env):
+    cfg = config(aws_env, "serving.rollback_alarms=[tiny-5xx]")
+    client, stub, endpoints, old = stubbed(cfg)
+    missing(stub, "describe_model")
+    missing(stub, "describe_endpoint_config")
+    stub.add_response("describe_endpoint", describe(old))
+    with stub:  # the planned requests name the new model and config (same inputs -> same names)
+        new = endpoints.requests(IMAGE, MODEL)
+    assert [r.operation for r in new] == ["create_model", "create_endpoint_config", "update_endpoint"]
+    assert new[2].params["DeploymentConfig"]["AutoRollbackConfiguration"] == {"Alarms": [{"AlarmName": "tiny-5xx"}]}
+    stub = Stubber(client)
+    plan_update(stub, old)
+    stub.add_response("create_model", {"ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/m"})
+    stub.add_response("create_endpoint_config", {"EndpointConfigArn": "arn:aws:sagemaker:us-east-1:1:ec/c"})
+    new_config = new[1].params["EndpointConfigName"]
+    stub.add_response(
+        "update_endpoint",
+        {"EndpointArn": "arn:aws:sagemaker:us-east-1:1:endpoint/e"},
+        {
+            "EndpointName": "tiny-gpt-oss-local",
+            "EndpointConfigName": new_config,
+            "DeploymentConfig": new[2].params["DeploymentConfig"],
+        },
+    )
+    stub.add_response("describe_endpoint", describe(old, "Updating"))
+    stub.add_response("describe_endpoint", describe(new_config))
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": old, "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:1:ec/old",
+        "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": old}],
+        "CreationTime": "2026-11-30T00:00:00Z"})  # fmt: skip
+    stub.add_response("delete_endpoint_config", {}, {"EndpointConfigName": old})
+    stub.add_response("delete_model", {}, {"ModelName": old})
+    policy = new[2].params["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
+    assert policy["TrafficRoutingConfiguration"]["WaitIntervalInSeconds"] > 0  # baking while alarms watch
+    with stub:
+        state = endpoints.deploy(IMAGE, MODEL, poll_seconds=0)
+        stub.assert_no_pending_responses()
+    assert state.config_name == new_config and "update_endpoint" in state.actions
+
+
+def test_a_failed_update_rolls_back_and_the_old_config_keeps_serving(aws_env):
+    cfg = config(aws_env)
+    _client, stub, endpoints, old = stubbed(cfg)
+    plan_update(stub, old)
+    stub.add_response("create_model", {"ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/m"})
+    stub.add_response("create_endpoint_config", {"EndpointConfigArn": "arn:aws:sagemaker:us-east-1:1:ec/c"})
+    stub.add_response("update_endpoint", {"EndpointArn": "arn:aws:sagemaker:us-east-1:1:endpoint/e"})
+    stub.add_response("describe_endpoint", describe(old, "Updating"))
+    stub.add_response("describe_endpoint", describe(old, "RollingBack"))
+    stub.add_response("describe_endpoint", describe(old, "InService", "The primary container failed health checks"))
+    with stub, pytest.raises(DeployError) as failure:  # no delete_* stubbed: the old config must stay
+        endpoints.deploy(IMAGE, MODEL, poll_seconds=0)
+    assert "rolled back: The primary container failed health checks" in str(failure.value)
+    assert f"still serves {old}" in str(failure.value)
+
+
+def test_a_busy_endpoint_is_left_alone(aws_env):
+    cfg = config(aws_env)
+    _client, stub, endpoints, old = stubbed(cfg)
+    missing(stub, "describe_model")
+    missing(stub, "describe_endpoint_config")
+    stub.add_response("describe_endpoint", describe(old, "Updating"))
+    with stub, pytest.raises(DeployError, match="is Updating: wait until it settles"):
+        endpoints.deploy(IMAGE, MODEL, poll_seconds=0)

@@ -1,0 +1,31 @@
+"""Serving: the image (build + push), the SageMaker endpoint lifecycle, local vLLM, the chat client, the registry."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toolkit.config import Config
+
+
+class DeployError(Exception):
+    """A deployment step failed or cannot start; the message says what to do."""
+
+
+def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
+    """The serving container's SM_VLLM_* settings (containers/serving/serve.py turns them into vLLM flags)."""
+    serving = config.serving
+    env = {
+        "SM_VLLM_SERVED_MODEL_NAME": config.name,
+        "SM_VLLM_MAX_MODEL_LEN": str(serving.max_model_len),
+        "SM_VLLM_MAX_NUM_SEQS": str(serving.max_num_seqs),
+    }
+    if gpu:
+        env["SM_VLLM_TENSOR_PARALLEL_SIZE"] = str(serving.tensor_parallel_size)
+        env["SM_VLLM_GPU_MEMORY_UTILIZATION"] = str(serving.gpu_memory_utilization)
+    if serving.weights == "adapter":
+        env["SM_VLLM_BASE_MODEL"] = config.model.id
+    for flag, value in serving.vllm_args.items():
+        text = str(value).lower() if isinstance(value, bool) else str(value)  # true: a bare flag (serve.py)
+        env["SM_VLLM_" + flag.removeprefix("--").replace("-", "_").upper()] = text
+    return env

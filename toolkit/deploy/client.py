@@ -1,0 +1,164 @@
+"""A chat client for the served model: a SageMaker endpoint (sagemaker-runtime) or a local server (HTTP).
+
+Both speak the same request: an OpenAI chat completion posted to the SageMaker hosting route `/invocations`.
+vLLM's gpt-oss reasoning parser returns the analysis channel apart from the final answer; both are kept apart here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from toolkit.deploy import DeployError
+
+
+@dataclass
+class ChatReply:
+    content: str
+    reasoning: str
+    finish_reason: str
+    usage: dict[str, Any]
+
+
+@dataclass
+class Delta:
+    kind: Literal["reasoning", "content"]
+    text: str
+
+
+def ping(url: str) -> bool:
+    """Whether a server at `url` answers the SageMaker health check (GET /ping) with 200."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/ping", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def wait_for(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ping(url):
+        if time.monotonic() > deadline:
+            raise DeployError(f"{url} did not answer /ping within {timeout:.0f} s (is the server running?)")
+        time.sleep(1)
+
+
+def messages_for(question: str, reasoning_language: str | None = None, system: str | None = None) -> list[dict]:
+    """The published recipe's prompt: a 'reasoning language: X' system message, then the question."""
+    system_lines = [
+        line for line in (system, reasoning_language and f"reasoning language: {reasoning_language}") if line
+    ]
+    messages = [{"role": "system", "content": "\n".join(system_lines)}] if system_lines else []
+    return [*messages, {"role": "user", "content": question}]
+
+
+def _reasoning(part: dict) -> str:
+    return part.get("reasoning_content") or part.get("reasoning") or ""  # vLLM renamed the field across releases
+
+
+def reply_from(body: dict) -> ChatReply:
+    if "choices" not in body:
+        raise DeployError(f"the server did not return a chat completion: {json.dumps(body)[:500]}")
+    choice = body["choices"][0]
+    message = choice.get("message", {})
+    return ChatReply(message.get("content") or "", _reasoning(message), choice.get("finish_reason") or "",
+                     body.get("usage") or {})  # fmt: skip
+
+
+def deltas_from(chunks: Iterable[bytes]) -> Iterator[Delta]:
+    """Server-sent events (`data: {...}` lines, split anywhere across chunks) -> reasoning/content deltas."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield from _delta(line.strip())
+    yield from _delta(buffer.strip())
+
+
+def _delta(line: bytes) -> Iterator[Delta]:
+    if not line.startswith(b"data:"):
+        return
+    payload = line[len(b"data:") :].strip()
+    if payload == b"[DONE]":
+        return
+    event = json.loads(payload)
+    if "error" in event:
+        raise DeployError(f"the server failed while streaming: {event['error']}")
+    for choice in event.get("choices", []):
+        delta = choice.get("delta", {})
+        if _reasoning(delta):
+            yield Delta("reasoning", _reasoning(delta))
+        if delta.get("content"):
+            yield Delta("content", delta["content"])
+
+
+class ChatClient:
+    """`chat()` returns the whole reply; `stream()` yields deltas as tokens arrive."""
+
+    def __init__(self, send: Callable[[dict], dict], send_streaming: Callable[[dict], Iterable[bytes]], model: str):
+        self._send, self._send_streaming, self.model = send, send_streaming, model
+
+    @classmethod
+    def for_endpoint(cls, endpoint: str, runtime: Any, model: str) -> ChatClient:
+        """A SageMaker endpoint through a boto3 `sagemaker-runtime` client."""
+
+        def send(body: dict) -> dict:
+            response = runtime.invoke_endpoint(
+                EndpointName=endpoint, ContentType="application/json", Accept="application/json",
+                Body=json.dumps(body).encode(),
+            )  # fmt: skip
+            return json.loads(response["Body"].read())
+
+        def send_streaming(body: dict) -> Iterator[bytes]:
+            response = runtime.invoke_endpoint_with_response_stream(
+                EndpointName=endpoint, ContentType="application/json", Body=json.dumps(body).encode()
+            )
+            for event in response["Body"]:
+                if "PayloadPart" in event:
+                    yield event["PayloadPart"]["Bytes"]
+                elif event:  # ModelStreamError / InternalStreamFailure
+                    raise DeployError(f"endpoint {endpoint} failed while streaming: {event}")
+
+        return cls(send, send_streaming, model)
+
+    @classmethod
+    def for_url(cls, url: str, model: str, timeout: float = 300) -> ChatClient:
+        """A server speaking the SageMaker hosting contract over HTTP (`toolkit deploy --target local`)."""
+        route = url.rstrip("/") + "/invocations"
+
+        def post(body: dict):
+            request = urllib.request.Request(
+                route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
+            try:
+                return urllib.request.urlopen(request, timeout=timeout)
+            except urllib.error.HTTPError as exc:
+                raise DeployError(f"{route} answered {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
+            except urllib.error.URLError as exc:
+                raise DeployError(f"cannot reach {route}: {exc.reason} (is the server running?)") from None
+
+        def send(body: dict) -> dict:
+            with post(body) as response:
+                return json.loads(response.read())
+
+        def send_streaming(body: dict) -> Iterator[bytes]:
+            with post(body) as response:
+                yield from iter(lambda: response.read1(4096), b"")
+
+        return cls(send, send_streaming, model)
+
+    def _body(self, messages: list[dict], max_tokens: int, temperature: float, stream: bool) -> dict:
+        return {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+                "stream": stream}  # fmt: skip
+
+    def chat(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7) -> ChatReply:
+        return reply_from(self._send(self._body(messages, max_tokens, temperature, stream=False)))
+
+    def stream(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7) -> Iterator[Delta]:
+        yield from deltas_from(self._send_streaming(self._body(messages, max_tokens, temperature, stream=True)))

