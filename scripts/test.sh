@@ -2,14 +2,19 @@
 # The test command: lint, format check, type check, then every test (unit and integration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# A real Slurm cluster for the HyperPod tests (Debian packages; the tests start and stop the daemons).
-if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
-  packages="slurm-wlm slurmctld slurmd slurm-client munge"
+# Real engines for the integration tests (Debian packages; the tests start and stop the daemons by PID):
+# a two-node Slurm cluster (HyperPod Slurm), dockerd + a registry (the serving image's build and push).
+need=""
+for tool in slurmctld munged dockerd docker-registry; do command -v "$tool" >/dev/null || need=1; done
+if [ -n "$need" ]; then
+  packages="slurm-wlm slurmctld slurmd slurm-client munge docker.io docker-registry"
+  export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -qq --no-install-recommends $packages >/dev/null \
     || { apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null; }
 fi
-EXTRAS=train,aws,dev source scripts/env.sh
+# .venv: the toolkit with training, AWS and test tooling; .venv-serve: vLLM (CPU build here) for serving tests
+EXTRAS=train,aws,dev WITH_SERVE=1 source scripts/env.sh
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
-"$VENV/bin/pytest" "$@"
+CI=${CI:-1} "$VENV/bin/pytest" "$@"

@@ -18,6 +18,13 @@ _EXPORTS = {
     "prepare_data": "toolkit.sdk",
     "train": "toolkit.sdk",
     "render_train": "toolkit.sdk",
+    "build_image": "toolkit.sdk",
+    "deploy": "toolkit.sdk",
+    "render_deploy": "toolkit.sdk",
+    "endpoints": "toolkit.sdk",
+    "serve_local": "toolkit.sdk",
+    "chat_client": "toolkit.sdk",
+    "register": "toolkit.sdk",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,0 +1,86 @@
+"""The serving image built by a real Docker engine and pushed to a real registry on loopback.
+
+dockerd (Debian docker.io, private roots, no bridge/iptables) builds containers/serving FROM a local base
+(Docker Hub is unreachable); Debian's docker-registry with htpasswd auth stands in for ECR's data plane; ECR's
+control plane (the repository, GetAuthorizationToken) is moto's, and the registry accepts the token it issues.
+What this does not cover: ECR itself (its scanning, immutability, cross-region pulls).
+"""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import pytest
+
+from tests import docker_engine
+from toolkit.config import load_config
+from toolkit.deploy import DeployError
+from toolkit.deploy.image import SERVING_CONTEXT, context_tag, ensure_image
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not docker_engine.available() and not os.environ.get("CI"), reason="docker.io not installed"),
+]
+BASE = "toolkit-test-base:1"
+ECR_PASSWORD = "123456789012-auth-token"  # what moto's GetAuthorizationToken issues for user AWS
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    started = docker_engine.DockerEngine(tmp_path_factory.mktemp("docker"), "AWS", ECR_PASSWORD).start()
+    started.import_base_image(BASE)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def registry_config(engine, aws_env, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", engine.env["DOCKER_HOST"])
+    boto3.client("ecr", region_name="us-east-1").create_repository(repositoryName="toolkit-serving")
+    return load_config("tiny-gpt-oss-local", [f"aws.registry_url={engine.registry_url}", f"serving.base_image={BASE}"])
+
+
+def test_build_push_then_skip_when_the_registry_has_the_tag(engine, registry_config):
+    lines: list[str] = []
+    image = ensure_image(registry_config, lines.append)
+    host = engine.registry_url.removeprefix("http://")
+    assert image == f"{host}/toolkit-serving:{context_tag(SERVING_CONTEXT, BASE)}"
+    assert any(line.startswith("Step ") for line in lines) and any("Pushed" in line for line in lines)
+
+    # what was pushed is the serving image: pull it back into a clean engine state and read its config
+    assert engine.docker("rmi", image).returncode == 0
+    pulled = engine.docker("--config", str(engine.root / "pull-auth"), "login", "-u", "AWS", "--password-stdin",
+                           engine.registry_url, stdin=ECR_PASSWORD.encode())  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    assert engine.docker("--config", str(engine.root / "pull-auth"), "pull", image).returncode == 0
+    inspected = engine.docker("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.Env}}", image)
+    assert b'["python3","/opt/toolkit/serve.py"]' in inspected.stdout and b"SM_VLLM_PORT=8080" in inspected.stdout
+
+    again: list[str] = []
+    assert ensure_image(registry_config, again.append) == image
+    assert again == [f"{image} already in the registry: nothing to build"]
+
+
+def test_the_tag_follows_the_content_and_the_base(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM base\n")
+    first = context_tag(tmp_path, "base:1")
+    assert context_tag(tmp_path, "base:2") != first
+    (tmp_path / "serve.py").write_text("print('changed')\n")
+    assert context_tag(tmp_path, "base:1") != first
+
+
+def test_a_missing_repository_is_a_clear_error_and_nothing_is_built(engine, aws_env, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", engine.env["DOCKER_HOST"])
+    cfg = load_config("tiny-gpt-oss-local", [f"aws.registry_url={engine.registry_url}", "serving.repository=nope"])
+    images_before = engine.docker("images", "-q").stdout
+    with pytest.raises(DeployError, match="ECR repository nope does not exist: run `toolkit infra deploy`"):
+        ensure_image(cfg)
+    assert engine.docker("images", "-q").stdout == images_before
+
+
+def test_a_failed_build_names_the_step(engine, registry_config):
+    broken = registry_config.model_copy(deep=True)
+    broken.serving.base_image = "no-such-base:1"  # not in the engine, and Docker Hub is unreachable
+    with pytest.raises(DeployError, match="docker build failed"):
+        ensure_image(broken)

@@ -1,0 +1,43 @@
+"""`toolkit register` against moto server: Model Package Groups and packages are real moto resources."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from tests.toolkit.deploy.test_endpoint import IMAGE, completed_training_job, config
+from toolkit import sdk
+from toolkit.cli import app
+from toolkit.deploy import DeployError
+
+pytestmark = pytest.mark.integration
+
+
+def test_register_records_the_latest_job_once_and_approval_is_applied_on_rerun(aws_env):
+    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130-1")
+    cfg = config(aws_env)
+    first = sdk.register(cfg, image_uri=IMAGE)
+    assert first.created and first.status == "PendingManualApproval" and first.group == "tiny-gpt-oss-local"
+
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    package = sagemaker.describe_model_package(ModelPackageName=first.arn)
+    container = package["InferenceSpecification"]["Containers"][0]
+    assert container["Image"] == IMAGE and container["ModelDataUrl"] == model_data
+    metadata = package["CustomerMetadataProperties"]
+    assert metadata["training_job"] == "tiny-gpt-oss-local-20261130-1"
+    assert metadata["base_model"] == "builtin:tiny-gpt-oss" and metadata["lora"] == "r=8 alpha=16"
+
+    again = sdk.register(cfg, image_uri=IMAGE, approve=True)
+    assert not again.created and again.arn == first.arn and again.status == "Approved"
+    packages = sagemaker.list_model_packages(ModelPackageGroupName="tiny-gpt-oss-local")["ModelPackageSummaryList"]
+    assert len(packages) == 1 and packages[0]["ModelApprovalStatus"] == "Approved"
+
+
+def test_register_without_a_completed_job_says_what_to_do(aws_env, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}'}}\n")
+    result = CliRunner().invoke(app, ["register", str(path), "--image-uri", IMAGE])
+    assert result.exit_code == 1 and "no completed training job of tiny-gpt-oss-local" in result.output
+    with pytest.raises(DeployError):
+        sdk.register(config(aws_env), job_name=None, image_uri=IMAGE)
