@@ -14,6 +14,14 @@ if [ -n "$need" ]; then
 fi
 # .venv: the toolkit with training, AWS and test tooling; .venv-serve: vLLM (CPU build here) for serving tests
 EXTRAS=train,aws,dev WITH_SERVE=1 source scripts/env.sh
+# .venv-hyperpod: the HyperPod SDK's job models, to validate rendered manifests (its pins clash with .venv's).
+# Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
+if [ ! -f .venv-hyperpod/.installed ]; then
+  python3 -m venv .venv-hyperpod
+  .venv-hyperpod/bin/python -m pip install -q --disable-pip-version-check pydantic
+  .venv-hyperpod/bin/python -m pip install -q --disable-pip-version-check --no-deps sagemaker-hyperpod==3.12.0
+  touch .venv-hyperpod/.installed
+fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"

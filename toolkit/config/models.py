@@ -72,6 +72,7 @@ class HyperPodTarget(StrictModel):
     fsx: FsxSettings = Field(default_factory=FsxSettings)
     job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
     namespace: str = Field("default", description="EKS namespace.")
+    kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")
     priority: str | None = Field(None, description="Kueue priority class.")
     max_retries: int = Field(3, ge=0, description="Auto-resume attempts after node failure.")

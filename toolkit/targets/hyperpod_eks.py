@@ -7,7 +7,9 @@ is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,10 +20,11 @@ import yaml
 from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.base import JobState, Status, TargetError, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 
 CODE_MOUNT = "/opt/toolkit"
+CODE_LABEL = "toolkit/job"
 KINDS = {
     "HyperPodPyTorchJob": ("sagemaker.amazonaws.com", "v1", "hyperpodpytorchjobs"),
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
@@ -50,9 +53,9 @@ def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
         f"pip install -q -r {CODE_MOUNT}/requirements.txt && "
         + " ".join([*launcher, "/tmp/toolkit/entrypoints/train.py"])
     )
-    resources = {"nvidia.com/gpu": hp.gpus_per_node}
+    resources = {"nvidia.com/gpu": str(hp.gpus_per_node)}  # quantities: strings are valid everywhere
     if spec.efa:
-        resources["vpc.amazonaws.com/efa"] = spec.efa
+        resources["vpc.amazonaws.com/efa"] = str(spec.efa)
     return {
         "name": "pytorch",
         "image": hp.image,
@@ -67,7 +70,7 @@ def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
     }
 
 
-def _pod_template(config: Config, launcher: list[str]) -> dict[str, Any]:
+def _pod_template(config: Config, launcher: list[str], code_map: str) -> dict[str, Any]:
     hp = config.hyperpod
     return {
         "metadata": {"labels": {"app.kubernetes.io/name": config.name}},
@@ -76,7 +79,7 @@ def _pod_template(config: Config, launcher: list[str]) -> dict[str, Any]:
             "containers": [_container(config, launcher)],
             "volumes": [
                 {"name": "fsx", "persistentVolumeClaim": {"claimName": hp.fsx.claim}},
-                {"name": "code", "configMap": {"name": f"{config.name}-code"}},
+                {"name": "code", "configMap": {"name": code_map}},
                 {"name": "shm", "emptyDir": {"medium": "Memory"}},
             ],
         },
@@ -93,10 +96,12 @@ def manifests(config: Config) -> list[dict[str, Any]]:
         labels["kueue.x-k8s.io/priority-class"] = hp.priority
     metadata = {"name": config.name, "namespace": hp.namespace, "labels": labels}
     data = {**code_files(), "hyperparameters.json": json.dumps(to_hyperparameters(config.train_settings()))}
+    # named by content: a re-submission never changes the code under pods that are still running
+    code_map = f"{config.name}-code-" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{config.name}-code", "namespace": hp.namespace},
+        "metadata": {"name": code_map, "namespace": hp.namespace, "labels": {CODE_LABEL: config.name}},
         "data": data,
     }
     procs = hp.gpus_per_node
@@ -113,14 +118,14 @@ def manifests(config: Config) -> list[dict[str, Any]]:
                         "name": "pods",
                         "replicas": hp.nodes,
                         "template": _pod_template(
-                            config, ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"]
+                            config, ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"], code_map
                         ),
                     }
                 ],
             },
         }
     else:  # Kubeflow's operator sets PET_* for torchrun (nodes, rank, master)
-        template = _pod_template(config, ["torchrun"])
+        template = _pod_template(config, ["torchrun"], code_map)
         replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
         if hp.nodes > 1:
             replicas["Worker"] = {"replicas": hp.nodes - 1, "restartPolicy": "OnFailure", "template": template}
@@ -137,16 +142,21 @@ def manifests(config: Config) -> list[dict[str, Any]]:
     return [config_map, job]
 
 
-def _clients():
+def _clients(config: Config):
     try:
-        from kubernetes import client, config
+        from kubernetes import client
+        from kubernetes import config as kubeconfig
     except ImportError:
-        raise TargetError("the EKS orchestrator needs the Kubernetes client: pip install kubernetes") from None
+        raise TargetError("the EKS orchestrator needs the Kubernetes client: pip install -e .[aws]") from None
     try:
-        config.load_kube_config()
+        # KUBECONFIG is read now, not when the client library was imported
+        api = kubeconfig.new_client_from_config(os.environ.get("KUBECONFIG"), context=config.hyperpod.kube_context)
     except Exception as exc:
-        raise TargetError(f"no usable kubeconfig ({exc}): run `aws eks update-kubeconfig --name CLUSTER`") from None
-    return client.CoreV1Api(), client.CustomObjectsApi()
+        raise TargetError(
+            f"no usable kubeconfig ({exc}): run `aws eks update-kubeconfig --name CLUSTER` "
+            "(hyperpod.kube_context picks a context; KUBECONFIG another file)"
+        ) from None
+    return client.CoreV1Api(api), client.CustomObjectsApi(api)
 
 
 @dataclass
@@ -159,7 +169,7 @@ class EksJob:
         return KINDS[self.config.hyperpod.eks_job_kind]
 
     def status(self) -> JobState:
-        _, custom = _clients()
+        _, custom = _clients(self.config)
         group, version, plural = self._kind()
         obj = custom.get_namespaced_custom_object(group, version, self.config.hyperpod.namespace, plural, self.name)
         conditions = obj.get("status", {}).get("conditions", [])
@@ -173,19 +183,36 @@ class EksJob:
         return JobState(self.name, status, current.get("message", current.get("type", "")))
 
     def logs(self, follow: bool = False) -> Iterator[str]:
-        core, _ = _clients()
-        pods = core.list_namespaced_pod(
-            self.config.hyperpod.namespace, label_selector=f"app.kubernetes.io/name={self.config.name}"
-        )
+        """Every pod's log, prefixed with the pod name; with follow, new lines until the job ends."""
+        seen: dict[str, int] = {}
+        return tail(lambda: self._new_log_lines(seen), lambda: self.status().status.finished, follow, poll=5)
+
+    def _new_log_lines(self, seen: dict[str, int]) -> Iterator[str]:
+        from kubernetes.client.exceptions import ApiException
+
+        core, _ = _clients(self.config)
+        namespace = self.config.hyperpod.namespace
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={self.config.name}")
         for pod in pods.items:
-            text = core.read_namespaced_pod_log(pod.metadata.name, self.config.hyperpod.namespace)
-            for line in text.splitlines():
-                yield f"[{pod.metadata.name}] {line}"
+            name = pod.metadata.name
+            try:
+                lines = core.read_namespaced_pod_log(name, namespace).splitlines()
+            except ApiException as exc:
+                if exc.status in (400, 404):  # not started yet, or already gone
+                    continue
+                raise
+            for line in lines[seen.get(name, 0) :]:
+                yield f"[{name}] {line}"
+            seen[name] = len(lines)
 
     def stop(self) -> None:
-        _, custom = _clients()
+        """Delete the job (pods get SIGTERM: the entrypoint checkpoints) and its code ConfigMaps."""
+        core, custom = _clients(self.config)
         group, version, plural = self._kind()
-        custom.delete_namespaced_custom_object(group, version, self.config.hyperpod.namespace, plural, self.name)
+        namespace = self.config.hyperpod.namespace
+        custom.delete_namespaced_custom_object(group, version, namespace, plural, self.name)
+        for code_map in core.list_namespaced_config_map(namespace, label_selector=f"{CODE_LABEL}={self.name}").items:
+            core.delete_namespaced_config_map(code_map.metadata.name, namespace)
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
         emit = on_line or (lambda line: None)
@@ -207,16 +234,15 @@ class EksOrchestrator:
     def submit(self, config: Config, fresh: bool = False) -> EksJob:
         from kubernetes.client.exceptions import ApiException
 
-        core, custom = _clients()
+        core, custom = _clients(config)
         config_map, job = manifests(config)
         namespace = config.hyperpod.namespace
         try:
             try:
                 core.create_namespaced_config_map(namespace, config_map)
             except ApiException as exc:
-                if exc.status != 409:
+                if exc.status != 409:  # 409: this exact code and settings are there already
                     raise
-                core.replace_namespaced_config_map(config_map["metadata"]["name"], namespace, config_map)
             group, version, plural = KINDS[config.hyperpod.eks_job_kind]
             custom.create_namespaced_custom_object(group, version, namespace, plural, job)
         except ApiException as exc:

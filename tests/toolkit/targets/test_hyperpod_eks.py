@@ -1,16 +1,35 @@
-"""EKS manifests, checked offline. Not covered here: a Kubernetes API server (none can run on this machine)
-and the HyperPod / Kubeflow operators themselves; submission is not exercised by these tests."""
+"""HyperPod on EKS. No Kubernetes API server can run on this machine, so:
+
+- HyperPodPyTorchJob manifests are validated with the HyperPod SDK's own pydantic models (sagemaker-hyperpod,
+  in its own environment: TOOLKIT_HYPERPOD_PYTHON or .venv-hyperpod), PyTorchJob manifests strictly against the
+  Kubeflow training SDK's OpenAPI-generated models (tests/openapi_check.py);
+- submission, status, logs and stop run the toolkit's real Kubernetes client code over HTTP against an
+  in-process API emulator (kmock, tests/k8s_emulator.py) that answers 404 for a CRD that is not installed,
+  409 for a duplicate and 422 for a schema failure.
+Not covered: the HyperPod and Kubeflow operators themselves (nothing here runs pods), Kueue, admission webhooks.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
+from tests.k8s_emulator import KubeApi
+from tests.openapi_check import errors
 from toolkit.cli import app
 from toolkit.config import load_config
-from toolkit.targets.hyperpod_eks import manifests
+from toolkit.targets.base import Status, TargetError
+from toolkit.targets.hyperpod_eks import ORCHESTRATOR, EksJob, manifests
+
+REPO = Path(__file__).resolve().parents[3]
+HYPERPOD_JOBS = "sagemaker.amazonaws.com/v1/hyperpodpytorchjobs"
+PYTORCH_JOBS = "kubeflow.org/v1/pytorchjobs"
 
 
 def config(*overrides):
@@ -31,7 +50,7 @@ def test_hyperpod_pytorch_job_has_the_cluster_shape():
     pod = replicas["template"]["spec"]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"}
     (container,) = pod["containers"]
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
     assert {"name": "TOOLKIT_ML_ROOT", "value": "/fsx/toolkit/gpt-oss-120b-lora"} in container["env"]
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
     assert "hyperpodrun --nnodes=2 --nproc-per-node=8" in container["command"][2]
@@ -58,3 +77,137 @@ def test_dry_run_prints_yaml_and_needs_an_image():
         app, ["train", "gpt-oss-120b-lora", "--target", "hyperpod", "--dry-run", "--set", "hyperpod.cluster=c"]
     )
     assert missing.exit_code == 2 and "hyperpod.image is required" in missing.output
+
+
+# -- schemas --------------------------------------------------------------------------------------------------
+
+
+def hyperpod_sdk_python() -> str:
+    python = os.environ.get("TOOLKIT_HYPERPOD_PYTHON") or str(REPO / ".venv-hyperpod" / "bin" / "python")
+    if not Path(python).exists():
+        if os.environ.get("CI"):
+            raise AssertionError(f"{python} missing: scripts/test.sh installs sagemaker-hyperpod there")
+        pytest.skip("sagemaker-hyperpod environment not installed (scripts/test.sh makes .venv-hyperpod)")
+    return python
+
+
+def hyperpod_sdk_problems(documents: list[dict]) -> list[str]:
+    checked = subprocess.run([hyperpod_sdk_python(), str(REPO / "tests" / "hyperpod_sdk_check.py")],
+                             input=json.dumps(documents), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert checked.returncode in (0, 1), checked.stderr
+    return [line for line in checked.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_hyperpod_pytorch_job_passes_the_hyperpod_sdk_models(nodes):
+    rendered = manifests(config(f"hyperpod.nodes={nodes}", "hyperpod.priority=high"))
+    assert hyperpod_sdk_problems(rendered) == []
+
+
+def test_the_hyperpod_sdk_check_catches_a_wrong_manifest():
+    _, job = manifests(config())
+    job["spec"]["replicaSpecs"][0]["replica"] = 2  # a typo of replicas
+    job["spec"]["runPolicy"]["jobMaxRetryCount"] = "three"
+    _, typo = manifests(config())
+    typo["spec"]["nprocsPerNode"] = "8"  # the spec model ignores unknown keys: reported, not dropped
+    assert hyperpod_sdk_problems([job, typo]) == [
+        "replicaSpecs.0.replica: Extra inputs are not permitted",
+        "runPolicy.jobMaxRetryCount: Input should be a valid integer, unable to parse string as an integer",
+        "spec.nprocsPerNode: ignored by the model",
+    ]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_pytorch_job_matches_the_kubeflow_openapi_models(nodes):
+    config_map, job = manifests(config("hyperpod.eks_job_kind=PyTorchJob", f"hyperpod.nodes={nodes}"))
+    assert errors(job, "KubeflowOrgV1PyTorchJob") == []
+    assert errors(config_map, "V1ConfigMap") == []
+    broken = {**job, "spec": {**job["spec"], "nprocPerNode": 8, "replicaSpecs": []}}
+    assert errors(broken, "KubeflowOrgV1PyTorchJob") == [
+        ".spec.nprocPerNode: expected str, got 8",
+        ".spec.replicaSpecs: unknown field of KubeflowOrgV1PyTorchJobSpec",
+    ]
+
+
+# -- submission against the API emulator ----------------------------------------------------------------------
+
+
+def pytorch_job_schema(body: dict) -> list[str]:
+    return errors(body, "KubeflowOrgV1PyTorchJob")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    with KubeApi(installed={PYTORCH_JOBS: pytorch_job_schema, HYPERPOD_JOBS: None}, missing=[]) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig", "hyperpod-ctx")))
+        yield api
+
+
+def test_submit_creates_the_config_map_and_job_then_follows_status_and_logs(cluster):
+    cfg = config("hyperpod.kube_context=hyperpod-ctx")
+    job = ORCHESTRATOR.submit(cfg)
+    assert set(cluster.objects(HYPERPOD_JOBS)) == {"gpt-oss-120b-lora"}
+    (code_map,) = cluster.objects("v1/configmaps").values()
+    assert "train.py" in code_map["data"] and "hyperparameters.json" in code_map["data"]
+    volumes = cluster.objects(HYPERPOD_JOBS)["gpt-oss-120b-lora"]["spec"]["replicaSpecs"][0]["template"]["spec"]
+    assert {"name": "code", "configMap": {"name": code_map["metadata"]["name"]}} in volumes["volumes"]
+    assert job.status().status is Status.PENDING
+
+    from kubernetes import client
+    from kubernetes import config as kubeconfig
+
+    api = kubeconfig.new_client_from_config(os.environ["KUBECONFIG"])  # play the operator: a pod, a condition
+    client.CoreV1Api(api).create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpt-oss-120b-lora-pod-0", "namespace": "default",
+        "labels": {"app.kubernetes.io/name": "gpt-oss-120b-lora"}}, "spec": {"containers": []}})  # fmt: skip
+    cluster.emulator["get /api/v1/namespaces/default/pods/gpt-oss-120b-lora-pod-0/log"] << b"[metrics] step=1/50\n"
+    assert list(job.logs()) == ["[gpt-oss-120b-lora-pod-0] [metrics] step=1/50"]
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "sagemaker.amazonaws.com", "v1", "default", "hyperpodpytorchjobs", "gpt-oss-120b-lora",
+        {"status": {"conditions": [{"type": "Running", "status": "False"},
+                                   {"type": "Completed", "status": "True", "message": "job finished"}]}},
+    )  # fmt: skip
+    state = job.wait(poll_seconds=0)
+    assert state.status is Status.COMPLETED and state.detail == "job finished"
+
+    job.stop()
+    assert cluster.objects(HYPERPOD_JOBS) == {} and cluster.objects("v1/configmaps") == {}
+
+
+def test_submitting_a_running_job_again_is_a_409_that_says_what_to_do(cluster):
+    ORCHESTRATOR.submit(config())
+    with pytest.raises(TargetError, match="a job named gpt-oss-120b-lora already exists.*409"):
+        ORCHESTRATOR.submit(config())
+
+
+def test_a_pytorch_job_is_checked_against_the_crd_schema(cluster):
+    job = ORCHESTRATOR.submit(config("hyperpod.eks_job_kind=PyTorchJob"))
+    assert isinstance(job, EksJob) and set(cluster.objects(PYTORCH_JOBS)) == {"gpt-oss-120b-lora"}
+
+
+def test_a_manifest_the_cluster_rejects_is_a_422_with_its_reasons(cluster, monkeypatch):
+    import toolkit.targets.hyperpod_eks as eks
+
+    real = eks.manifests
+
+    def with_a_typo(cfg):  # what a hand-edited or outdated manifest would do
+        config_map, job = real(cfg)
+        job["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicyy"] = "OnFailure"
+        return [config_map, job]
+
+    monkeypatch.setattr(eks, "manifests", with_a_typo)
+    with pytest.raises(TargetError, match="the cluster rejected the manifest.*restartPolicyy: unknown field"):
+        ORCHESTRATOR.submit(config("hyperpod.eks_job_kind=PyTorchJob"))
+
+
+def test_a_missing_operator_is_a_404_that_says_so(tmp_path, monkeypatch):
+    with KubeApi(installed={}, missing=[HYPERPOD_JOBS]) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        with pytest.raises(TargetError, match="not installed on this cluster.*404"):
+            ORCHESTRATOR.submit(config())
+
+
+def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(TargetError, match="aws eks update-kubeconfig"):
+        ORCHESTRATOR.submit(config())
