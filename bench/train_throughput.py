@@ -282,6 +282,12 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
     "toolkit-gc": ("toolkit", 2048, None, True, 2),
     "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
 }
+EXPERT_LORA = {  # the same with LoRA on the MoE experts too
+    "recipe-experts": "recipe",
+    "toolkit-experts": "toolkit-gc",
+    "toolkit-experts-8k": "toolkit-8k",
+}
+EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
 def run_one(name: str, args, device, dtype) -> dict:
@@ -290,10 +296,12 @@ def run_one(name: str, args, device, dtype) -> dict:
 
     if name == "gate":
         return correctness_gate(gpt_oss_config(args.tiny, layers=2), device, 2048)
-    variant, max_length, budget, checkpointing, warmup = PLAN[name]
+    variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
     budget = budget or args.budget
     config = gpt_oss_config(args.tiny)
-    model = add_lora(build_model(config, device, dtype, "eager"), LoraSettings(r=8, alpha=16, dropout=0.0), seed=0)
+    experts = EXPERT_PARAMETERS if name in EXPERT_LORA else []
+    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=experts)
+    model = add_lora(build_model(config, device, dtype, "eager"), lora, seed=0)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     steps = args.steps * (4 if variant == "recipe" else 1)
     with tempfile.TemporaryDirectory() as out:
@@ -311,6 +319,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--budget", type=int, default=16384, help="tokens per packed micro-batch")
     parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--tag", default="", help="suffix of the result file, e.g. _experts")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
@@ -361,8 +370,9 @@ def run_all(args) -> None:
             results["correctness"] = result
         else:
             rows.append(result)
-    recipe = next((r for r in rows if r["name"] == "recipe" and "tokens_per_s" in r), None)
-    for row in rows:
+    baselines = {r["name"]: r for r in rows if r["name"].startswith("recipe") and "tokens_per_s" in r}
+    for row in rows:  # against the recipe with the same LoRA targets, measured in this run
+        recipe = baselines.get("recipe-experts" if row["name"] in EXPERT_LORA else "recipe")
         if recipe and "tokens_per_s" in row:
             row["vs_recipe"] = round(row["tokens_per_s"] / recipe["tokens_per_s"], 2)
     results["rows"] = rows
@@ -371,7 +381,8 @@ def run_all(args) -> None:
     table = [{k: r.get(k, "") for k in ("name", "attention", "packing", "gc", "max_length", "tokens_per_micro_batch",
                                          "tokens_per_s", "vs_recipe", "step_s", "peak_mem_gb", "mfu",
                                          "epoch_1000_rows_min", "error")} for r in rows]  # fmt: skip
-    report("train_throughput" + ("_tiny" if args.tiny else f"_{world}gpu"), table, results)
+    suffix = "_tiny" if args.tiny else f"_{world}gpu"
+    report(f"train_throughput{suffix}{args.tag}", table, results)
 
 
 if __name__ == "__main__":
