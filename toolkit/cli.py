@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the job failed, 2 bad input (config, data, arguments), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -371,18 +372,24 @@ def infra_destroy(
 DeployTarget = Annotated[str, typer.Option("--target", help="endpoint (SageMaker) | local (vLLM on this machine).")]
 
 
-def _deploy_errors():
+@contextlib.contextmanager
+def cloud_errors():
+    """A failed deployment or AWS call becomes one red line and exit 1, not a traceback."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from toolkit.aws import AwsError
     from toolkit.config import ConfigError
     from toolkit.deploy import DeployError
 
-    return (DeployError, AwsError, ConfigError)
-
-
-def _client_error_message(exc: Exception) -> str:
-    response = getattr(exc, "response", {}) or {}
-    error = response.get("Error", {})
-    return f"{error.get('Code', type(exc).__name__)}: {error.get('Message', exc)}"
+    try:
+        yield
+    except (DeployError, AwsError, ConfigError) as exc:
+        fail(str(exc), code=1)
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        fail(f"{error.get('Code', 'ClientError')}: {error.get('Message', exc)}", code=1)
+    except BotoCoreError as exc:
+        fail(str(exc), code=1)
 
 
 @app.command("deploy")
@@ -399,8 +406,6 @@ def deploy(
     set_: SetOpt = None,
 ) -> None:
     """Serve the trained model: a SageMaker endpoint (created, or updated blue/green) or vLLM on this machine."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from toolkit import sdk
 
     cfg = load(source, set_)
@@ -409,18 +414,15 @@ def deploy(
     if target != "endpoint":
         fail(f"--target must be endpoint or local, not {target!r}")
     try:
-        if dry_run:
-            requests = sdk.render_deploy(cfg, image_uri, model_data)
-            sys.stdout.write(json.dumps([{r.operation: r.params} for r in requests], indent=2, default=str) + "\n")
-            if not requests:
-                err.print("the endpoint already serves this image and model: nothing to do")
-            return
-        with err.status(f"deploying {cfg.name} ...") as status:
-            state = sdk.deploy(cfg, image_uri, model_data, on_status=lambda line: status.update(line[-160:]))
-    except _deploy_errors() as exc:
-        fail(str(exc), code=1)
-    except (ClientError, BotoCoreError) as exc:
-        fail(_client_error_message(exc), code=1)
+        with cloud_errors():
+            if dry_run:
+                requests = sdk.render_deploy(cfg, image_uri, model_data)
+                sys.stdout.write(json.dumps([{r.operation: r.params} for r in requests], indent=2, default=str) + "\n")
+                if not requests:
+                    err.print("the endpoint already serves this image and model: nothing to do")
+                return
+            with err.status(f"deploying {cfg.name} ...") as status:
+                state = sdk.deploy(cfg, image_uri, model_data, on_status=lambda line: status.update(line[-160:]))
     except KeyboardInterrupt:
         err.print(
             "detached: SageMaker goes on creating/updating the endpoint (a failed update rolls back by itself). "
@@ -442,15 +444,17 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)  # stop vLLM too when run in the background and terminated
+    server = None
     try:
-        server = sdk.serve_local(cfg, model_dir, port)
-        with err.status("starting vLLM ...") as status:
-            server.wait_ready(on_status=lambda line: status.update(f"starting vLLM: {line[-120:]}"))
-    except _deploy_errors() as exc:
-        fail(str(exc), code=1)
+        with cloud_errors():
+            server = sdk.serve_local(cfg, model_dir, port)
+            with err.status("starting vLLM ...") as status:
+                server.wait_ready(on_status=lambda line: status.update(f"starting vLLM: {line[-120:]}"))
     except KeyboardInterrupt:
-        server.stop()
+        if server is not None:
+            server.stop()
         raise typer.Exit(130) from None
+    assert server is not None  # cloud_errors() exits on every failure
     out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
               f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
     try:
@@ -479,35 +483,33 @@ def invoke(
     set_: SetOpt = None,
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from toolkit import sdk
     from toolkit.deploy.client import messages_for, wait_for
 
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)
     try:
-        client = sdk.chat_client(cfg, target, url)
-        if wait and (url or target == "local"):
-            with err.status("waiting for the server ..."):
-                wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
-        if not stream:
-            reply = client.chat(messages, max_tokens, temperature)
-            if reply.reasoning:
-                err.print(f"[dim]reasoning:[/] [italic]{reply.reasoning}[/]", highlight=False)
-            out.print(reply.content, highlight=False, markup=False)
-            return
-        shown = None
-        for delta in client.stream(messages, max_tokens, temperature):
-            if delta.kind != shown:
-                err.print("[dim]reasoning:[/] " if delta.kind == "reasoning" else "\n[dim]answer:[/] ", end="")
-                shown = delta.kind
-            (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
-        out.print()
-    except _deploy_errors() as exc:
-        fail(str(exc), code=1)
-    except (ClientError, BotoCoreError) as exc:
-        fail(_client_error_message(exc), code=1)
+        with cloud_errors():
+            client = sdk.chat_client(cfg, target, url)
+            if wait and (url or target == "local"):
+                with err.status("waiting for the server ..."):
+                    wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
+            if not stream:
+                reply = client.chat(messages, max_tokens, temperature)
+                if reply.reasoning:  # model text is never read as rich markup
+                    err.print("[dim]reasoning:[/] ", end="")
+                    err.print(reply.reasoning, highlight=False, markup=False)
+                out.print(reply.content, highlight=False, markup=False)
+                return
+            shown = None
+            for delta in client.stream(messages, max_tokens, temperature):
+                if delta.kind != shown:
+                    err.print("[dim]reasoning:[/] " if delta.kind == "reasoning" else "\n[dim]answer:[/] ", end="")
+                    shown = delta.kind
+                (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
+            out.print()
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 endpoint_app = typer.Typer(help="SageMaker endpoints made by `toolkit deploy`.", no_args_is_help=True)
@@ -522,7 +524,9 @@ def endpoint_list(config: JobConfig) -> None:
     from toolkit import sdk
 
     table = Table("name", "status", "modified")
-    for item in sdk.endpoints(load(config, None)).list_endpoints():
+    with cloud_errors():
+        endpoints = sdk.endpoints(load(config, None)).list_endpoints()
+    for item in endpoints:
         table.add_row(item["EndpointName"], item["EndpointStatus"], str(item["LastModifiedTime"]))
     out.print(table)
 
@@ -532,7 +536,8 @@ def endpoint_describe(config: JobConfig) -> None:
     """Status, serving config, instances and failure reason of the config's endpoint."""
     from toolkit import sdk
 
-    description = sdk.endpoints(load(config, None)).describe()
+    with cloud_errors():
+        description = sdk.endpoints(load(config, None)).describe()
     if description is None:
         fail("the endpoint does not exist: create it with `toolkit deploy`", code=1)
     out.print(f"{description['EndpointName']}: {description['EndpointStatus']}", highlight=False)
@@ -552,7 +557,8 @@ def endpoint_delete(config: JobConfig, yes: YesOpt = False) -> None:
 
     endpoints = sdk.endpoints(load(config, None))
     _confirm(f"Delete endpoint {endpoints.name}?", yes)
-    deleted = endpoints.delete()
+    with cloud_errors():
+        deleted = endpoints.delete()
     out.print("deleted " + ", ".join(deleted) if deleted else f"endpoint {endpoints.name} does not exist")
 
 
@@ -565,17 +571,11 @@ def register(
     set_: SetOpt = None,
 ) -> None:
     """Record a trained model in the Model Package Group named after the config."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from toolkit import sdk
 
     cfg = load(source, set_)
-    try:
+    with cloud_errors():
         registration = sdk.register(cfg, job, image_uri, approve)
-    except _deploy_errors() as exc:
-        fail(str(exc), code=1)
-    except (ClientError, BotoCoreError) as exc:
-        fail(_client_error_message(exc), code=1)
     verb = "registered" if registration.created else "already registered"
     out.print(f"{verb}: {registration.arn} ({registration.status}) in {registration.group}", highlight=False)
 

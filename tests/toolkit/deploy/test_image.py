@@ -16,7 +16,7 @@ import pytest
 from tests import docker_engine
 from toolkit.config import load_config
 from toolkit.deploy import DeployError
-from toolkit.deploy.image import SERVING_CONTEXT, context_tag, ensure_image
+from toolkit.deploy.image import SERVING_CONTEXT, context_tag, ensure_image, login, tag_exists
 
 pytestmark = [
     pytest.mark.integration,
@@ -84,3 +84,19 @@ def test_a_failed_build_names_the_step(engine, registry_config):
     broken.serving.base_image = "no-such-base:1"  # not in the engine, and Docker Hub is unreachable
     with pytest.raises(DeployError, match="docker build failed"):
         ensure_image(broken)
+
+
+def test_deploy_builds_pushes_and_serves_that_image(engine, registry_config, aws_env):
+    from toolkit import sdk
+
+    cfg = load_config(
+        "tiny-gpt-oss-local",
+        [f"aws.registry_url={engine.registry_url}", f"serving.base_image={BASE}", f"aws.role={aws_env['role']}",
+         "serving.instance_type=ml.g4dn.xlarge"],
+    )  # fmt: skip
+    state = sdk.deploy(cfg, model_data="s3://toolkit-test-bucket/m/model.tar.gz", poll_seconds=0)
+    model = boto3.client("sagemaker", region_name="us-east-1").describe_model(ModelName=state.config_name)
+    image = model["PrimaryContainer"]["Image"]
+    tag = context_tag(SERVING_CONTEXT, BASE)
+    assert image == f"{engine.registry_url.removeprefix('http://')}/toolkit-serving:{tag}"
+    assert tag_exists(login(cfg), "toolkit-serving", tag)  # the endpoint's image is in the registry
