@@ -96,7 +96,10 @@ def config_presets() -> None:
 @data_app.command("prepare")
 def data_prepare(
     source: ConfigArg,
-    output: Annotated[str | None, typer.Option(help="Directory for the Arrow dataset.")] = None,
+    output: Annotated[
+        str | None,
+        typer.Option(help="Directory or s3:// prefix for the Arrow dataset (default: runs/<name>/prepared)."),
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
     """Validate, render and tokenize the data once; print token statistics; save it."""
@@ -107,7 +110,7 @@ def data_prepare(
 
     cfg = load(source, set_)
     try:
-        with err.status(f"preparing {cfg.data.source} ..."):
+        with cloud_errors(), err.status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
             report = prepare_data(cfg, output)
     except DataError as exc:
         fail(str(exc))

@@ -27,19 +27,35 @@ def prepare_data(
 ) -> dict[str, Any]:
     """Load, validate, render and tokenize the config's data once; save it as an Arrow dataset.
 
-    Returns the token statistics and where the dataset went. Point `data.source` at that directory
-    to train on it without re-tokenizing.
+    Returns the token statistics and where the dataset went: a directory, or an s3:// prefix (uploaded with
+    the config's AWS settings). Point `data.source` at it to train on it without re-tokenizing.
     """
+    import tempfile
+
     from entrypoints.data import PrepareReport, load_rows, prepare
     from entrypoints.model import load_tokenizer
 
     cfg = _as_config(config, overrides)
-    destination = Path(output) if output else Path("runs") / cfg.name / "prepared"
+    destination = str(output) if output else str(Path("runs") / cfg.name / "prepared")
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
     dataset = prepare(load_rows(cfg.data.source, cfg.data.split), tokenizer, cfg.data, report)
-    dataset.save_to_disk(str(destination))
-    return {"output": str(destination), **report.summary(), "bad_rows": report.bad_rows}
+    if destination.startswith("s3://"):
+        with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
+            dataset.save_to_disk(staging)
+            _upload_dir(cfg, Path(staging), destination)
+    else:
+        dataset.save_to_disk(destination)
+    return {"output": destination, **report.summary(), "bad_rows": report.bad_rows}
+
+
+def _upload_dir(cfg: Config, directory: Path, uri: str) -> None:
+    from toolkit import aws
+
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    s3 = aws.client(cfg.aws, "s3")
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        s3.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.relative_to(directory)}".lstrip("/"))
 
 
 def train(

@@ -213,3 +213,25 @@ def test_fsx_source_becomes_a_mounted_channel(aws_env):
         "DirectoryPath": "/fsx/datasets/chat",
     }  # fmt: skip
     assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
+
+
+def test_data_prepared_to_s3_becomes_the_jobs_train_channel(aws_env, tmp_path):
+    from datasets import load_from_disk
+
+    uri = f"s3://{aws_env['bucket']}/prepared/tiny/"
+    prepared = CliRunner().invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", uri])
+    assert prepared.exit_code == 0, prepared.output
+    assert f"saved to {uri}" in prepared.output
+
+    s3 = boto3.client("s3")
+    names = [o["Key"] for o in s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix="prepared/tiny/")["Contents"]]
+    assert "prepared/tiny/state.json" in names
+    for key in names:  # what the job's channel will hold: it loads back as the tokenized dataset
+        target = tmp_path / "download" / key.removeprefix("prepared/tiny/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(aws_env["bucket"], key, str(target))
+    assert set(load_from_disk(str(tmp_path / "download")).column_names) >= {"input_ids", "labels"}
+
+    request = json.loads(TARGET.render(config(aws_env, f"data.source={uri}")))
+    train = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "train")
+    assert train["DataSource"]["S3DataSource"]["S3Uri"] == uri
