@@ -50,6 +50,16 @@ def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
     return root.resolve()
 
 
+def _adapter_on_gpt_oss(model: Path) -> bool:
+    import json
+
+    try:
+        base = json.loads((model / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+        return "gpt-oss" in base or json.loads((Path(base) / "config.json").read_text())["model_type"] == "gpt_oss"
+    except (OSError, KeyError, ValueError):
+        return False
+
+
 def _has_gpu(python: str) -> bool:
     probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True)
     return probe.stdout.strip() == b"True"
@@ -69,6 +79,11 @@ class LocalServer:
     def start(self) -> LocalServer:
         python = serving_python(self.config)
         gpu = _has_gpu(python)
+        if not gpu and self.config.serving.weights == "adapter" and _adapter_on_gpt_oss(self.model):
+            raise DeployError(
+                "vLLM serves LoRA on gpt-oss (MoE) only on a GPU: on this machine serve the merged model "
+                "(serving.weights: merged; training.merge_adapter: true)"
+            )
         env = {
             **os.environ,
             **vllm_environment(self.config, gpu=gpu),

@@ -137,6 +137,13 @@ def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trai
         assert result.exit_code == 0, result.output
 
 
+def test_a_gpt_oss_adapter_on_cpu_is_refused_before_starting(trained):
+    _, model = trained
+    adapter_only = load_config("tiny-gpt-oss-local", ["serving.weights=adapter"])
+    with pytest.raises(DeployError, match="LoRA on gpt-oss .* only on a GPU: on this machine serve the merged"):
+        LocalServer(adapter_only, model, port=free_port()).start()
+
+
 def test_sse_deltas_survive_arbitrary_chunk_boundaries():
     events = [{"choices": [{"delta": {"reasoning_content": "Denk"}}]}, {"choices": [{"delta": {"content": "Acht"}}]}]
     stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
