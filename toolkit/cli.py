@@ -416,6 +416,7 @@ def deploy(
         return _deploy_local(cfg, model_dir, port)
     if target != "endpoint":
         fail(f"--target must be endpoint or local, not {target!r}")
+    sent: list[str] = []  # endpoint requests already made: what Ctrl-C leaves behind
     try:
         with cloud_errors():
             if dry_run:
@@ -424,13 +425,22 @@ def deploy(
                 if not requests:
                     err.print("the endpoint already serves this image and model: nothing to do")
                 return
+
+            def on_status(line: str) -> None:
+                if line.startswith(("create_endpoint ", "update_endpoint ", "delete_endpoint ")):
+                    sent.append(line)
+                status.update(line[-160:])
+
             with err.status(f"deploying {cfg.name} ...") as status:
-                state = sdk.deploy(cfg, image_uri, model_data, on_status=lambda line: status.update(line[-160:]))
+                state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status)
     except KeyboardInterrupt:
-        err.print(
-            "detached: SageMaker goes on creating/updating the endpoint (a failed update rolls back by itself). "
-            f"Check it with: toolkit endpoint describe -c {source}"
-        )
+        if sent:
+            err.print(
+                "detached: SageMaker goes on creating/updating the endpoint (a failed update rolls back by itself). "
+                f"Check it with: toolkit endpoint describe -c {source}"
+            )
+        else:
+            err.print("interrupted before the endpoint was touched; re-run the same command to deploy")
         raise typer.Exit(130) from None
     done = "up to date" if not state.actions else "deployed"
     out.print(f"[green]{done}:[/] endpoint {state.name} serves {state.config_name}", highlight=False)
