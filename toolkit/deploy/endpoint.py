@@ -210,9 +210,12 @@ class Endpoints:
                 self._wait_deleted(poll_seconds)
         try:
             state = self._wait(target_config, report, poll_seconds)
-        finally:
-            if updating or planned:
-                self._apply_autoscaling()
+        except DeployError:
+            if updating:  # rolled back: the old config serves again, with the scaling it had
+                self._restore_autoscaling(report)
+            raise
+        if planned:
+            self._apply_autoscaling()
         state.actions = [r.operation for r in planned]
         if updating and previous:
             self._delete_config_and_model(previous["EndpointConfigName"])
@@ -281,6 +284,14 @@ class Endpoints:
                 "ScaleOutCooldown": 60,
             },
         )
+
+    def _restore_autoscaling(self, report: Callable[[str], None]) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._apply_autoscaling()
+        except ClientError as exc:  # never hide why the update failed
+            report(f"could not restore autoscaling on {self.name}: {exc}; re-run deploy to apply it")
 
     def _deregister_autoscaling(self) -> None:
         targets = self.autoscaling.describe_scalable_targets(

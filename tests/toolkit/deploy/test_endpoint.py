@@ -210,7 +210,7 @@ def test_update_is_blue_green_with_alarm_rollback_and_cleans_up_the_old_config(a
 
 
 def test_a_failed_update_rolls_back_and_the_old_config_keeps_serving(aws_env):
-    cfg = config(aws_env)
+    cfg = config(aws_env, "serving.autoscaling.max_instances=3")
     _client, stub, endpoints, old = stubbed(cfg)
     plan_update(stub, old)
     stub.add_response("create_model", {"ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/m"})
@@ -223,6 +223,9 @@ def test_a_failed_update_rolls_back_and_the_old_config_keeps_serving(aws_env):
         endpoints.deploy(IMAGE, MODEL, poll_seconds=0)
     assert "rolled back: The primary container failed health checks" in str(failure.value)
     assert f"still serves {old}" in str(failure.value)
+    scaling = boto3.client("application-autoscaling", region_name="us-east-1")
+    (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert target["MaxCapacity"] == 3  # deregistered for the update, restored on the old config
 
 
 def test_a_busy_endpoint_is_left_alone(aws_env):
