@@ -85,6 +85,10 @@ BROKEN = [
     ({"name": "has spaces"}, "name"),
     ({"serving": {"instance_type": "ml.g5.xlarge", "tensor_parallel_size": 2}}, "tensor_parallel_size"),
     ({"trainer": {}}, "trainer: unknown key; did you mean 'training'?"),
+    (
+        {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"instance_type": "ml.g6e.2xlarge"}},
+        "merged openai/gpt-oss-20b is ~42 GB of bf16 weights but ml.g6e.2xlarge",
+    ),
 ]
 
 

@@ -33,6 +33,10 @@ INSTANCES: dict[str, Instance] = {
 }
 
 
+# Parameters (billions) of the models whose merged bf16 weights the serving check sizes against the GPUs
+MODEL_PARAMS_B: dict[str, float] = {"openai/gpt-oss-20b": 20.9, "openai/gpt-oss-120b": 116.8}
+
+
 def instance(name: str, field: str) -> Instance:
     """Look up an instance type, or fail with a message that names the field and the choices."""
     try:

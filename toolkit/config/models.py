@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from entrypoints.settings import StrictModel, TrainSettings
-from toolkit.config.instances import instance
+from toolkit.config.instances import MODEL_PARAMS_B, instance
 
 TargetName = Literal["local", "training-job", "hyperpod"]
 
@@ -213,6 +213,23 @@ class Config(TrainSettings):
             raise ValueError(
                 "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
                 "training_job.security_group_ids"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _merged_model_fits_the_endpoint(self) -> Config:
+        params = MODEL_PARAMS_B.get(self.model.id)
+        serving = self.serving
+        if params is None or serving.weights != "merged" or serving.tensor_parallel_size is None:
+            return self
+        weights_gb = 2 * params  # the merged model is bf16 (MXFP4 experts dequantized for training)
+        usable = serving.tensor_parallel_size * instance(serving.instance_type, "serving.instance_type").gpu_memory_gib
+        if weights_gb > 0.8 * usable * serving.gpu_memory_utilization:  # the rest: KV cache, activations
+            raise ValueError(
+                f"serving: the merged {self.model.id} is ~{weights_gb:.0f} GB of bf16 weights but "
+                f"{serving.instance_type} gives vLLM ~{usable * serving.gpu_memory_utilization:.0f} GiB on "
+                f"{serving.tensor_parallel_size} GPU(s), with too little left for the KV cache: choose a larger "
+                "serving.instance_type (e.g. ml.g6e.12xlarge for 20b, ml.p5.48xlarge for 120b)"
             )
         return self
 
