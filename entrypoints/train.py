@@ -228,6 +228,12 @@ def latest_checkpoint(paths: Paths) -> str | None:
     return get_last_checkpoint(str(paths.checkpoints)) if paths.checkpoints.is_dir() else None
 
 
+# The trainer (model, accelerator, DDP reducer) lives until the process ends with os._exit: once the process
+# group is gone, the C++ destructors of its gloo/NCCL state can block forever (seen on a two-node Slurm job,
+# after the model was written), and torchrun then waits on that rank until its exit barrier times out.
+KEEP_UNTIL_EXIT: list = []
+
+
 def train(settings: TrainSettings, paths: Paths) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
@@ -261,6 +267,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         **extra,
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
+    KEEP_UNTIL_EXIT.append(trainer)
     resume = latest_checkpoint(paths)
     if resume:
         log(f"resuming from {resume}")
@@ -372,4 +379,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: see KEEP_UNTIL_EXIT

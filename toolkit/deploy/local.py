@@ -54,7 +54,9 @@ def _adapter_on_gpt_oss(model: Path) -> bool:
     import json
 
     try:
-        base = json.loads((model / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+        base = json.loads((model / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        if not base:
+            return False
         return "gpt-oss" in base or json.loads((Path(base) / "config.json").read_text())["model_type"] == "gpt_oss"
     except (OSError, KeyError, ValueError):
         return False
