@@ -7,6 +7,7 @@ emulator; nothing here calls a hard-coded AWS host.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,3 +53,11 @@ def require(settings: AwsSettings, *fields: str) -> None:
             f"{', '.join(missing)} not set: add them to the config (`toolkit infra outputs` can write them) "
             "or pass --set aws.<field>=..."
         )
+
+
+def upload_tree(s3: Any, source: Path, bucket: str, prefix: str) -> None:
+    """Upload a file, or every file under a directory (keeping relative paths), under `prefix`."""
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for file in files:
+        relative = file.name if source.is_file() else file.relative_to(source).as_posix()
+        s3.upload_file(str(file), bucket, f"{prefix.rstrip('/')}/{relative}".lstrip("/"))

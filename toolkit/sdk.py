@@ -34,6 +34,7 @@ def prepare_data(
 
     from entrypoints.data import PrepareReport, load_rows, prepare
     from entrypoints.model import load_tokenizer
+    from toolkit import aws
 
     cfg = _as_config(config, overrides)
     destination = str(output) if output else str(Path("runs") / cfg.name / "prepared")
@@ -43,19 +44,11 @@ def prepare_data(
     if destination.startswith("s3://"):
         with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
             dataset.save_to_disk(staging)
-            _upload_dir(cfg, Path(staging), destination)
+            bucket, _, prefix = destination[len("s3://") :].partition("/")
+            aws.upload_tree(aws.client(cfg.aws, "s3"), Path(staging), bucket, prefix)
     else:
         dataset.save_to_disk(destination)
     return {"output": destination, **report.summary(), "bad_rows": report.bad_rows}
-
-
-def _upload_dir(cfg: Config, directory: Path, uri: str) -> None:
-    from toolkit import aws
-
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    s3 = aws.client(cfg.aws, "s3")
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        s3.upload_file(str(path), bucket, f"{prefix.rstrip('/')}/{path.relative_to(directory)}".lstrip("/"))
 
 
 def train(

@@ -154,7 +154,8 @@ class ServingSettings(StrictModel):
     )
     local_port: int = Field(8080, ge=1, le=65535, description="Port of `toolkit deploy --target local`.")
     local_python: str | None = Field(
-        None, description="Python with vLLM for local serving; default: .venv-serve (scripts/env.sh serve)."
+        None,
+        description="Python with vLLM for local serving; default: .venv-serve (WITH_SERVE=1 source scripts/env.sh).",
     )
 
     @model_validator(mode="after")

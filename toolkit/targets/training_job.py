@@ -86,6 +86,7 @@ def content_hash(path: Path) -> str:
 def upload_once(s3, config: Config, source: Path) -> str:
     """Upload local data under a content-hash prefix; a marker object proves a complete earlier upload."""
     bucket = config.aws.bucket
+    assert bucket is not None  # the trainer calls aws.require(config.aws, "bucket") first
     prefix = f"{config.aws.prefix}/data/{content_hash(source)}"
     marker = f"{prefix}/.toolkit-complete"
     try:
@@ -94,10 +95,7 @@ def upload_once(s3, config: Config, source: Path) -> str:
     except s3.exceptions.ClientError as exc:
         if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
             raise
-    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
-    for file in files:
-        relative = file.name if source.is_file() else file.relative_to(source).as_posix()
-        s3.upload_file(str(file), bucket, f"{prefix}/{relative}")
+    aws.upload_tree(s3, source, bucket, prefix)
     s3.put_object(Bucket=bucket, Key=marker, Body=b"")
     return f"s3://{bucket}/{prefix}/"
 
