@@ -116,20 +116,29 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
     return clean
 
 
+# gpt-oss's published chat template ends the developer instructions with a blank line even when no tools
+# follow; harmony (what vLLM renders for gpt-oss at serving time) does not. Training renders harmony's form,
+# so the prompt the served model sees is token for token the prompt it was trained on (a serving test proves it).
+GPT_OSS_DEVELOPER_BLANK_LINE = (
+    '        {{- developer_message }}\n        {{- "\\n\\n" }}\n    {%- endif %}',
+    '        {{- developer_message }}\n        {%- if tools %}{{- "\\n\\n" }}{%- endif %}\n    {%- endif %}',
+)
+
+
 def training_chat_template(tokenizer) -> str:
     """The tokenizer's template with {% generation %} markers, so assistant tokens can be masked."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
     template = tokenizer.chat_template
-    if template and has_generation_markers(template):
-        return template
-    patched = get_training_chat_template(tokenizer) if template else None
+    patched = template if template and has_generation_markers(template) else None
+    if template and patched is None:
+        patched = get_training_chat_template(tokenizer)
     if patched is None:
         raise DataError(
             "the tokenizer's chat template has no {% generation %} markers and TRL knows no training "
             "variant of it: the assistant's tokens cannot be told apart for the loss"
         )
-    return patched
+    return patched.replace(*GPT_OSS_DEVELOPER_BLANK_LINE)
 
 
 def is_tokenized(dataset) -> bool:

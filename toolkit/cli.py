@@ -110,7 +110,7 @@ def data_prepare(
 
     cfg = load(source, set_)
     try:
-        with cloud_errors(), err.status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
+        with cloud_errors(), status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
             report = prepare_data(cfg, output)
     except DataError as exc:
         fail(str(exc))
@@ -318,8 +318,8 @@ def infra_deploy(
                 table.add_row(change.action, change.logical_id, change.resource_type, change.replacement)
             out.print(table)
             _confirm(f"Apply these {len(planned.changes)} changes to {stack}?", yes)
-            with err.status(f"deploying {stack} ...") as status:
-                values = infra.apply(settings, planned, lambda line: status.update(f"deploying {stack}: {line}"))
+            with status(f"deploying {stack} ...") as update:
+                values = infra.apply(settings, planned, lambda line: update(f"deploying {stack}: {line}"))
     except (infra.InfraError, AwsError) as exc:
         fail(str(exc), code=1)
     for key, value in values.items():
@@ -365,8 +365,8 @@ def infra_destroy(
     settings = _aws_settings(config)
     _confirm(f"Delete stack {stack}{' and all data in its bucket' if force else ''}?", yes)
     try:
-        with err.status(f"deleting {stack} ...") as status:
-            infra.destroy(settings, stack, force, lambda line: status.update(line))
+        with status(f"deleting {stack} ...") as update:
+            infra.destroy(settings, stack, force, update)
     except infra.InfraError as exc:
         fail(str(exc), code=1)
     out.print(f"deleted {stack}")
@@ -375,24 +375,60 @@ def infra_destroy(
 DeployTarget = Annotated[str, typer.Option("--target", help="endpoint (SageMaker) | local (vLLM on this machine).")]
 
 
+def _botocore_errors() -> tuple[type[Exception], type[Exception]] | None:
+    """botocore's error classes, or None without the `aws` extra (local serving and training need no AWS)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return None
+    return ClientError, BotoCoreError
+
+
 @contextlib.contextmanager
 def cloud_errors():
     """A failed deployment or AWS call becomes one red line and exit 1, not a traceback."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from toolkit.aws import AwsError
     from toolkit.config import ConfigError
     from toolkit.deploy import DeployError
 
+    boto = _botocore_errors()
     try:
         yield
     except (DeployError, AwsError, ConfigError) as exc:
         fail(str(exc), code=1)
-    except ClientError as exc:
-        error = exc.response.get("Error", {})
-        fail(f"{error.get('Code', 'ClientError')}: {error.get('Message', exc)}", code=1)
-    except BotoCoreError as exc:
+    except Exception as exc:
+        if boto is None or not isinstance(exc, boto):
+            raise
+        if isinstance(exc, boto[0]):
+            error = exc.response.get("Error", {})  # type: ignore[attr-defined]
+            fail(f"{error.get('Code', 'ClientError')}: {error.get('Message', exc)}", code=1)
         fail(str(exc), code=1)
+
+
+def _live():
+    """A spinner on stderr, or a no-op when another process owns the terminal: a server started in the
+    background (`toolkit deploy --target local &`) must not draw over the foreground command's display."""
+    import os
+
+    if not err.is_terminal:
+        return None
+    try:
+        foreground = os.tcgetpgrp(sys.stderr.fileno()) == os.getpgrp()
+    except OSError:
+        foreground = False
+    return err if foreground else None
+
+
+@contextlib.contextmanager
+def status(message: str):
+    """`with status("...") as update: update("...")`; plain, infrequent lines when not in the foreground."""
+    console = _live()
+    if console is None:
+        err.print(message, highlight=False, markup=False)
+        yield lambda line: None
+        return
+    with console.status(message) as spinner:
+        yield lambda line: spinner.update(line)
 
 
 @app.command("deploy")
@@ -413,7 +449,7 @@ def deploy(
 
     cfg = load(source, set_)
     if target == "local":
-        return _deploy_local(cfg, model_dir, port)
+        return _deploy_local(cfg, model_dir, port, dry_run)
     if target != "endpoint":
         fail(f"--target must be endpoint or local, not {target!r}")
     sent: list[str] = []  # endpoint requests already made: what Ctrl-C leaves behind
@@ -429,9 +465,9 @@ def deploy(
             def on_status(line: str) -> None:
                 if line.startswith(("create_endpoint ", "update_endpoint ", "delete_endpoint ")):
                     sent.append(line)
-                status.update(line[-160:])
+                update(line[-160:])
 
-            with err.status(f"deploying {cfg.name} ...") as status:
+            with status(f"deploying {cfg.name} ...") as update:
                 state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status)
     except KeyboardInterrupt:
         if sent:
@@ -448,21 +484,29 @@ def deploy(
               highlight=False, markup=False)  # fmt: skip
 
 
-def _deploy_local(cfg, model_dir: str | None, port: int | None) -> None:
+def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -> None:
     import signal
 
     from toolkit import sdk
 
+    if dry_run:
+        with cloud_errors():
+            plan = sdk.render_serve_local(cfg, model_dir, port)
+        sys.stdout.write(json.dumps(plan, indent=2) + "\n")
+        return
+
     def interrupt(*_):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)  # stop vLLM too when run in the background and terminated
+    # SIGINT and SIGTERM both stop vLLM: a shell starts background jobs with SIGINT ignored
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     server = None
     try:
         with cloud_errors():
             server = sdk.serve_local(cfg, model_dir, port)
-            with err.status("starting vLLM ...") as status:
-                server.wait_ready(on_status=lambda line: status.update(f"starting vLLM: {line[-120:]}"))
+            with status("starting vLLM ...") as update:
+                server.wait_ready(on_status=lambda line: update(f"starting vLLM: {line[-120:]}"))
     except KeyboardInterrupt:
         if server is not None:
             server.stop()
@@ -493,11 +537,17 @@ def invoke(
     target: DeployTarget = "endpoint",
     url: Annotated[str | None, typer.Option(help="A server's base URL (implies a local/HTTP target).")] = None,
     wait: Annotated[float, typer.Option(help="local/url: wait up to this many seconds for the server.")] = 0,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Exit 1 unless the reply has both a reasoning and an answer part and no special tokens."
+        ),
+    ] = False,
     set_: SetOpt = None,
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.deploy.client import messages_for, wait_for
+    from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
 
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)
@@ -505,24 +555,30 @@ def invoke(
         with cloud_errors():
             client = sdk.chat_client(cfg, target, url)
             if wait and (url or target == "local"):
-                with err.status("waiting for the server ..."):
+                with status("waiting for the server ..."):
                     wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
             if not stream:
                 reply = client.chat(messages, max_tokens, temperature)
                 if reply.reasoning:  # model text is never read as rich markup
                     err.print("[dim]reasoning:[/] ", end="")
                     err.print(reply.reasoning, highlight=False, markup=False)
+                out.print("[dim]answer:[/] ", end="")
                 out.print(reply.content, highlight=False, markup=False)
-                return
-            shown = None
-            for delta in client.stream(messages, max_tokens, temperature):
-                if delta.kind != shown:
-                    err.print("[dim]reasoning:[/] " if delta.kind == "reasoning" else "\n[dim]answer:[/] ", end="")
-                    shown = delta.kind
-                (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
-            out.print()
+            else:
+                parts = {"reasoning": "", "content": ""}
+                for delta in client.stream(messages, max_tokens, temperature):
+                    if not parts[delta.kind]:
+                        label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
+                        (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
+                    parts[delta.kind] += delta.text
+                    (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
+                out.print()
+                reply = ChatReply(parts["content"], parts["reasoning"], "", {})
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    problems = reply_problems(reply) if check else []
+    if problems:
+        fail("the reply " + "; ".join(problems), code=1)
 
 
 endpoint_app = typer.Typer(help="SageMaker endpoints made by `toolkit deploy`.", no_args_is_help=True)

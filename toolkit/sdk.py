@@ -137,6 +137,18 @@ def serve_local(
     return LocalServer(cfg, local_model_dir(cfg, model_dir), port).start()
 
 
+def render_serve_local(
+    config: Config | str | Path, model_dir: str | Path | None = None, port: int | None = None, overrides=()
+) -> dict[str, Any]:
+    """What `serve_local` would start (the dry run): the command, its settings, the URL; nothing is started."""
+    from toolkit.deploy.local import LocalServer, configured_python, has_vllm
+    from toolkit.deploy.local import model_dir as local_model_dir
+
+    cfg = _as_config(config, overrides)
+    plan = LocalServer(cfg, local_model_dir(cfg, model_dir), port).plan()
+    return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
+
+
 def chat_client(config: Config | str | Path, target: str = "endpoint", url: str | None = None, overrides=()) -> Any:
     """A chat client for the config's endpoint (`target="endpoint"`) or a local server (`"local"` or `url`)."""
     from toolkit import aws

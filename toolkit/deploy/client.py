@@ -7,6 +7,7 @@ vLLM's gpt-oss reasoning parser returns the analysis channel apart from the fina
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -55,6 +56,22 @@ def messages_for(question: str, reasoning_language: str | None = None, system: s
     ]
     messages = [{"role": "system", "content": "\n".join(system_lines)}] if system_lines else []
     return [*messages, {"role": "user", "content": question}]
+
+
+SPECIAL_TOKEN = re.compile(r"<\|[a-z_0-9]+\|>")  # harmony's <|start|>, <|channel|>, <|reserved_200502|>, ...
+
+
+def reply_problems(reply: ChatReply) -> list[str]:
+    """What keeps a reply from being a gpt-oss answer shown apart: both channels present, no raw special tokens."""
+    problems = []
+    if not reply.reasoning.strip():
+        problems.append("has no reasoning (analysis channel)")
+    if not reply.content.strip():
+        problems.append("has no answer (final channel)")
+    leaked = sorted(set(SPECIAL_TOKEN.findall(reply.reasoning + reply.content)))
+    if leaked:
+        problems.append("shows special tokens: " + " ".join(leaked))
+    return problems
 
 
 def _reasoning(part: dict) -> str:

