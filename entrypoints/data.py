@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entrypoints.settings import SAMPLE_DATASET, DataSettings
+from .settings import SAMPLE_DATASET, DataSettings
 
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from entrypoints.settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, LoraSettings, ModelSettings
+from .settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, LoraSettings, ModelSettings
 
 
 def resolve_model_path(settings: ModelSettings) -> str:
     """Hub id or local path; builtin models are built (once, cached) on the spot."""
     if settings.id in BUILTIN_MODELS:
-        from entrypoints.tiny_model import tiny_gpt_oss_path
+        from .tiny_model import tiny_gpt_oss_path
 
         return str(tiny_gpt_oss_path(mxfp4=settings.id == TINY_GPT_OSS_MXFP4))
     return settings.id

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from entrypoints.data import IGNORE_INDEX
+from .data import IGNORE_INDEX
 
 LOSS_CHUNK = 2048  # positions per lm_head chunk: 2048 x 201k x 4 bytes = 1.6 GB of transient fp32 logits
 

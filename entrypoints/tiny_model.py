@@ -156,7 +156,7 @@ def pretraining_conversations(count: int, seed: int) -> list[list[dict]]:
     'reasoning language: X' system prompt (what `toolkit invoke` sends) is as familiar as the sample's."""
     import random
 
-    from entrypoints.data import SAMPLE_PATH, to_messages
+    from .data import SAMPLE_PATH, to_messages
 
     rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines() if line.strip()]
     rng = random.Random(seed)
@@ -184,7 +184,7 @@ def _pretrain(model, tokenizer) -> None:
 
     import torch
 
-    from entrypoints.data import _tokenize
+    from .data import _tokenize
 
     encoded = _tokenize(pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"]), tokenizer)
     sequences = [torch.tensor(ids) for ids in encoded["input_ids"]]

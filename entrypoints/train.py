@@ -22,11 +22,14 @@ import traceback
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script (SageMaker's source dir): make `entrypoints` importable
+if __package__ in (None, ""):  # run as a script (SageMaker's source dir): import this directory as a package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    __package__ = Path(__file__).resolve().parent.name  # "entrypoints" in a job, as installed elsewhere
+    __import__(__package__)
 
-from entrypoints.settings import TrainSettings, from_hyperparameters
+from .settings import TrainSettings, from_hyperparameters
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 
@@ -88,7 +91,7 @@ def data_source(settings: TrainSettings, paths: Paths) -> str:
 
 
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
-    from entrypoints.data import PrepareReport, load_rows, prepare
+    from .data import PrepareReport, load_rows, prepare
 
     source = data_source(settings, paths)
     report = PrepareReport()
@@ -120,7 +123,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
     import torch
     from trl import SFTConfig
 
-    from entrypoints.model import compute_dtype
+    from .model import compute_dtype
 
     t = settings.training
     on_gpu = torch.cuda.is_available()
@@ -238,7 +241,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
-    from entrypoints.model import add_lora, attention_implementation, load_model, load_tokenizer
+    from .model import add_lora, attention_implementation, load_model, load_tokenizer
 
     started = time.monotonic()
     tokenizer = load_tokenizer(settings.model)
@@ -247,9 +250,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if rank() == 0:
         model.print_trainable_parameters()
     hooks = callbacks()
-    trainer_class, extra = SFTTrainer, {}
+    trainer_class, extra = SFTTrainer, dict[str, Any]()
     if settings.training.packing:
-        from entrypoints.packing import collate, packed_dataset, packed_trainer_class
+        from .packing import collate, packed_dataset, packed_trainer_class
 
         budget = settings.training.tokens_per_micro_batch or (
             settings.data.max_length * settings.training.per_device_batch_size
@@ -335,7 +338,7 @@ def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> N
     """Reload the base on CPU and merge the saved adapter: the same path for DDP and FSDP runs."""
     from peft import PeftModel
 
-    from entrypoints.model import load_model, save_merged
+    from .model import load_model, save_merged
 
     base = load_model(settings.model, device_map="cpu")
     model = PeftModel.from_pretrained(base, str(adapter_dir))

@@ -105,7 +105,7 @@ def data_prepare(
     """Validate, render and tokenize the data once; print token statistics; save it."""
     from rich.table import Table
 
-    from entrypoints.data import DataError
+    from toolkit.entrypoints.data import DataError
     from toolkit.sdk import prepare_data
 
     cfg = load(source, set_)

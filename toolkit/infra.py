@@ -16,8 +16,8 @@ import yaml
 
 from toolkit import aws
 from toolkit.config.models import AwsSettings
+from toolkit.resources import INFRA_TEMPLATE as TEMPLATE
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "infra" / "toolkit.yaml"
 DONE = ("_COMPLETE", "_FAILED")
 
 

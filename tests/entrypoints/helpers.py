@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from entrypoints.settings import to_hyperparameters
 from toolkit.config import load_config
+from toolkit.entrypoints.settings import to_hyperparameters
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "entrypoints" / "train.py"

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from entrypoints.data import IGNORE_INDEX, DataError, PrepareReport, load_rows, prepare
-from entrypoints.settings import SAMPLE_DATASET, DataSettings
+from toolkit.entrypoints.data import IGNORE_INDEX, DataError, PrepareReport, load_rows, prepare
+from toolkit.entrypoints.settings import SAMPLE_DATASET, DataSettings
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entrypoints.data import IGNORE_INDEX
-from entrypoints.packing import attention_masks, chunked_cross_entropy, collate, pack, packed_dataset
+from toolkit.entrypoints.data import IGNORE_INDEX
+from toolkit.entrypoints.packing import attention_masks, chunked_cross_entropy, collate, pack, packed_dataset
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +74,9 @@ def test_loss_and_lora_gradients_match_the_recipe_path(tiny_model_path, tmp_path
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
 
-    from entrypoints.model import add_lora
-    from entrypoints.packing import packed_trainer_class
-    from entrypoints.settings import LoraSettings
+    from toolkit.entrypoints.model import add_lora
+    from toolkit.entrypoints.packing import packed_trainer_class
+    from toolkit.entrypoints.settings import LoraSettings
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="eager")
     lora = LoraSettings(dropout=0, target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])

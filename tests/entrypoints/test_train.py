@@ -61,7 +61,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
 def test_mxfp4_checkpoint_dequantizes_trains_and_merges(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from entrypoints.tiny_model import tiny_gpt_oss_path
+    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
 
     mxfp4 = tiny_gpt_oss_path(mxfp4=True)
     assert json.loads((mxfp4 / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from entrypoints.settings import StrictModel, TrainSettings
 from toolkit.config.instances import MODEL_PARAMS_B, instance
+from toolkit.entrypoints.settings import StrictModel, TrainSettings
 
 TargetName = Literal["local", "training-job", "hyperpod"]
 

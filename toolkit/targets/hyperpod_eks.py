@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.entrypoints.settings import to_hyperparameters
 from toolkit.targets.base import JobState, Status, TargetError, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 

@@ -6,8 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
+from toolkit.entrypoints.settings import to_hyperparameters
 
 
 def settings_file(root: Path) -> Path:

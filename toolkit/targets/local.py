@@ -18,12 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from entrypoints.settings import to_hyperparameters
 from toolkit.config import Config
+from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.resources import ENTRYPOINT
 from toolkit.targets.base import JobState, Status, TargetError
 from toolkit.targets.jobtree import place_train_channel, settings_file, write_settings
-
-ENTRYPOINT = Path(__file__).resolve().parents[2] / "entrypoints" / "train.py"
 
 
 def job_root(config: Config) -> Path:

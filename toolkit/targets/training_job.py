@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from entrypoints.settings import to_hyperparameters
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import JobState, Status, TargetError, tail
 
-ENTRYPOINTS = Path(__file__).resolve().parents[2] / "entrypoints"
 PYTORCH_IMAGE = "pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
 # AWS Deep Learning Containers registry accounts where they differ from the default
 DLC_ACCOUNTS = {

@@ -1,0 +1,16 @@
+"""Files the toolkit ships besides its code, found the same way in a checkout and in an installed wheel.
+
+In the repository they live at the top (containers/, infra/, entrypoints/: the project's layout); the package
+reaches them through links (toolkit/resources/containers, toolkit/resources/infra, toolkit/entrypoints), which
+building the wheel turns into real copies. Every module finds them here, never relative to the checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SERVING_CONTEXT = HERE / "containers" / "serving"  # the serving image's build context
+INFRA_TEMPLATE = HERE / "infra" / "toolkit.yaml"  # the CloudFormation stack
+ENTRYPOINTS_DIR = HERE.parent / "entrypoints"  # what runs in the training container (the code channel)
+ENTRYPOINT = ENTRYPOINTS_DIR / "train.py"
