@@ -25,4 +25,13 @@ fi
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
+# The main job exactly as the README runs it, in a fresh environment holding only what the demo installs
+# itself (a missing dependency fails here). It shares the vLLM environment and the tiny-model cache.
+export TOOLKIT_CACHE_DIR=${TOOLKIT_CACHE_DIR:-$PWD/.pytest_cache/toolkit-models}
+if [ -z "${SKIP_DEMO:-}" ]; then
+  rm -rf .venv-demo
+  VENV=.venv-demo bash scripts/demo.sh 2>&1 | tee .demo.log
+  grep -q "^reasoning: ." .demo.log && grep -q "^answer: ." .demo.log
+  rm -rf .venv-demo
+fi
 CI=${CI:-1} "$VENV/bin/pytest" "$@"

@@ -70,10 +70,10 @@ def config_show(source: ConfigArg, set_: SetOpt = None) -> None:
 
 @config_app.command("schema")
 def config_schema() -> None:
-    """Print the config's JSON Schema (point your editor's YAML plugin at it)."""
-    from toolkit.config import Config
+    """Print the JSON Schema of config files (with base: and ${ENV}); point your editor's YAML plugin at it."""
+    from toolkit.config.schema import file_schema
 
-    sys.stdout.write(json.dumps(Config.model_json_schema(), indent=2) + "\n")
+    sys.stdout.write(json.dumps(file_schema(), indent=2) + "\n")
 
 
 @config_app.command("reference")

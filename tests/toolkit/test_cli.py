@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 import yaml
 from typer.testing import CliRunner
 
 from toolkit.cli import app
-from toolkit.config import load_config
+from toolkit.config import load_config, preset_names
+from toolkit.config.loader import read_source
 
 runner = CliRunner()
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 
 def test_help_and_validate_import_no_heavy_library(tmp_path):
@@ -61,14 +64,24 @@ def test_show_prints_the_resolved_config_with_overrides():
     assert shown["training_job"]["instance_type"] == "ml.p5.48xlarge"
 
 
-def test_schema_is_json_schema_that_accepts_presets():
+def test_schema_is_json_schema_for_the_files_users_write():
+    """An editor validates the raw file, as written: `base:`, keys a base supplies left out, ${ENV} values."""
     result = runner.invoke(app, ["config", "schema"])
     schema = json.loads(result.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.validate(load_config("gpt-oss-120b-lora").model_dump(mode="json", exclude_none=True), schema)
-    broken = load_config("tiny-gpt-oss-local").model_dump(mode="json", exclude_none=True)
-    broken["lora"]["rnak"] = 1
-    assert not jsonschema.Draft202012Validator(schema).is_valid(broken)
+    validator = jsonschema.Draft202012Validator(schema)
+    for source in [*preset_names(), *map(str, EXAMPLES)]:
+        raw = yaml.safe_load(read_source(source)[1])
+        assert not list(validator.iter_errors(raw)), source
+    validator.validate(load_config("gpt-oss-120b-lora").model_dump(mode="json", exclude_none=True))
+    assert validator.is_valid({"base": "tiny-gpt-oss-local", "training": {"max_steps": "${STEPS}"}})
+    for broken in (
+        {"base": "tiny-gpt-oss-local", "lora": {"rnak": 1}},  # unknown key
+        {"base": "tiny-gpt-oss-local", "training": {"max_steps": "many"}},  # wrong type
+        {"base": "tiny-gpt-oss-local", "training": {"lr_scheduler": "cosinus"}},  # not a choice
+        {"lora": {"r": 8}},  # no base, and the required keys missing
+    ):
+        assert not validator.is_valid(broken), broken
 
 
 def test_dry_run_local_launches_nothing(tmp_path):
