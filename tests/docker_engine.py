@@ -97,13 +97,25 @@ class DockerEngine:
         return subprocess.run(["docker", *args], env=self.env, input=stdin, capture_output=True, timeout=300)
 
     def import_base_image(self, tag: str) -> None:
-        """A minimal local base image (one file; Docker Hub is unreachable), made with `docker import`."""
+        """A minimal local base image (Docker Hub is unreachable), made with `docker import`: a shell (this host's
+        dash and the two libraries it needs) so the Dockerfile's RUN steps run, and a stand-in `python3` that
+        records how it was called in /opt/python3-calls (what the build asked pip to install)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
-            data = b"toolkit test base\n"
-            info = tarfile.TarInfo("etc/toolkit-test-base")
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+            for host_path, image_path in (
+                ("/bin/dash", "bin/sh"),
+                ("/lib/x86_64-linux-gnu/libc.so.6", "lib/x86_64-linux-gnu/libc.so.6"),
+                ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+            ):
+                archive.add(os.path.realpath(host_path), image_path)
+            for path, data, mode in (
+                ("etc/toolkit-test-base", b"toolkit test base\n", 0o644),
+                ("usr/bin/python3", b'#!/bin/sh\necho "$@" >> /opt/python3-calls\n', 0o755),
+                ("opt/python3-calls", b"", 0o666),
+            ):
+                info = tarfile.TarInfo(path)
+                info.size, info.mode = len(data), mode
+                archive.addfile(info, io.BytesIO(data))
         result = self.docker("import", "-", tag, stdin=buffer.getvalue())
         assert result.returncode == 0, result.stderr.decode()
 

@@ -152,12 +152,16 @@ def render_serve_local(
 def chat_client(config: Config | str | Path, target: str = "endpoint", url: str | None = None, overrides=()) -> Any:
     """A chat client for the config's endpoint (`target="endpoint"`) or a local server (`"local"` or `url`)."""
     from toolkit import aws
+    from toolkit.deploy import ADAPTER_NAME
     from toolkit.deploy.client import ChatClient
     from toolkit.deploy.endpoint import endpoint_name
 
     cfg = _as_config(config, overrides)
     if url or target == "local":
-        return ChatClient.for_url(url or f"http://127.0.0.1:{cfg.serving.local_port}", cfg.name)
+        local = url or f"http://127.0.0.1:{cfg.serving.local_port}"
+        if cfg.serving.weights == "adapter":  # the base model plus the adapter: address the adapter
+            return ChatClient.for_url(local, ADAPTER_NAME, adapter=True)
+        return ChatClient.for_url(local, cfg.name)
     return ChatClient.for_endpoint(endpoint_name(cfg), aws.client(cfg.aws, "sagemaker-runtime"), cfg.name)
 
 

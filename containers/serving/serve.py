@@ -1,8 +1,9 @@
 """SageMaker hosting contract -> vLLM's OpenAI server.
 
 Model: /opt/ml/model (SM_MODEL_DIR). The toolkit's training output holds merged/ (served as is) and adapter/
-(served with --enable-lora on top of SM_VLLM_BASE_MODEL when set). Settings: SM_VLLM_<FLAG>=value becomes
---<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 -> --tensor-parallel-size 8; "true" -> a bare flag).
+(served with --enable-lora on top of SM_VLLM_BASE_MODEL when set, named SM_VLLM_ADAPTER_NAME).
+Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 ->
+--tensor-parallel-size 8; "true" -> a bare flag).
 gpt-oss gets its reasoning and tool-call parsers by default. Exit code 2 with a message when the model
 directory is missing, empty or unreadable.
 """
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 PREFIX = "SM_VLLM_"
-OWN = {"SM_VLLM_HOST", "SM_VLLM_PORT", "SM_VLLM_BASE_MODEL"}  # read here, not passed through
+OWN = {"SM_VLLM_HOST", "SM_VLLM_PORT", "SM_VLLM_BASE_MODEL", "SM_VLLM_ADAPTER_NAME"}  # read here, not passed through
 GPT_OSS_DEFAULTS = {
     "--reasoning-parser": "openai_gptoss",
     "--tool-call-parser": "openai",
@@ -63,7 +64,8 @@ def command(env: dict[str, str]) -> list[str]:
     adapter = root / "adapter"
     if base and (adapter / "adapter_config.json").is_file():
         model = base
-        flags += ["--enable-lora", "--lora-modules", f"adapter={adapter}"]
+        name = env.get("SM_VLLM_ADAPTER_NAME") or "adapter"  # requests select it by this name
+        flags += ["--enable-lora", "--lora-modules", f"{name}={adapter}"]
         model_type = ""
     else:
         path = model_path(root)

@@ -8,6 +8,10 @@ if TYPE_CHECKING:
     from toolkit.config import Config
 
 
+ADAPTER_NAME = "adapter"  # the LoRA adapter's model name on the server (serving.weights: adapter)
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"  # selects it on SageMaker's /invocations route
+
+
 class DeployError(Exception):
     """A deployment step failed or cannot start; the message says what to do."""
 
@@ -25,6 +29,7 @@ def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
         env["SM_VLLM_GPU_MEMORY_UTILIZATION"] = str(serving.gpu_memory_utilization)
     if serving.weights == "adapter":
         env["SM_VLLM_BASE_MODEL"] = config.model.id
+        env["SM_VLLM_ADAPTER_NAME"] = ADAPTER_NAME
     for flag, value in serving.vllm_args.items():
         text = str(value).lower() if isinstance(value, bool) else str(value)  # true: a bare flag (serve.py)
         env["SM_VLLM_" + flag.removeprefix("--").replace("-", "_").upper()] = text

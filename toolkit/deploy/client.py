@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.deploy import DeployError
+from toolkit.deploy import ADAPTER_HEADER, DeployError
 
 
 @dataclass
@@ -24,6 +24,7 @@ class ChatReply:
     reasoning: str
     finish_reason: str
     usage: dict[str, Any]
+    model: str = ""  # the model that answered (the adapter's name when one was addressed)
 
 
 @dataclass
@@ -84,7 +85,7 @@ def reply_from(body: dict) -> ChatReply:
     choice = body["choices"][0]
     message = choice.get("message", {})
     return ChatReply(message.get("content") or "", _reasoning(message), choice.get("finish_reason") or "",
-                     body.get("usage") or {})  # fmt: skip
+                     body.get("usage") or {}, body.get("model") or "")  # fmt: skip
 
 
 def deltas_from(chunks: Iterable[bytes]) -> Iterator[Delta]:
@@ -145,14 +146,17 @@ class ChatClient:
         return cls(send, send_streaming, model)
 
     @classmethod
-    def for_url(cls, url: str, model: str, timeout: float = 300) -> ChatClient:
-        """A server speaking the SageMaker hosting contract over HTTP (`toolkit deploy --target local`)."""
+    def for_url(cls, url: str, model: str, timeout: float = 300, adapter: bool = False) -> ChatClient:
+        """A server speaking the SageMaker hosting contract over HTTP (`toolkit deploy --target local`).
+
+        `adapter`: `model` is a LoRA adapter's name. SageMaker's /invocations route answers with the base model
+        unless its adapter header names the adapter (the body's `model` alone is overwritten), so both are sent.
+        """
         route = url.rstrip("/") + "/invocations"
+        headers = {"Content-Type": "application/json", **({ADAPTER_HEADER: model} if adapter else {})}
 
         def post(body: dict):
-            request = urllib.request.Request(
-                route, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-            )
+            request = urllib.request.Request(route, data=json.dumps(body).encode(), headers=headers)
             try:
                 return urllib.request.urlopen(request, timeout=timeout)
             except urllib.error.HTTPError as exc:

@@ -99,6 +99,13 @@ class Endpoints:
 
     def requests(self, image_uri: str, model_data: str) -> list[Request]:
         """Every request a deployment of this image and model makes, given what exists now (reads only)."""
+        if self.config.serving.weights == "adapter":
+            raise DeployError(
+                "serving.weights: adapter is not built for SageMaker endpoints: SageMaker's /invocations route "
+                "selects an adapter only through inference components, which the toolkit does not create yet. "
+                "Serve the merged model (serving.weights: merged, the default), or the adapter locally with "
+                "`toolkit deploy --target local`"
+            )
         aws.require(self.config.aws, "role")
         model, endpoint_config = self._model_request(image_uri, model_data), self._config_request()
         suffix = _digest([model.params, endpoint_config.params])

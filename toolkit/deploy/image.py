@@ -109,6 +109,17 @@ def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None =
         raise DeployError(f"docker {args[0]} failed (exit {process.returncode}):\n" + "\n".join(tail))
 
 
+def build_flags(config: Config) -> list[str]:
+    """SageMaker hosting runs linux/amd64 images with a single-platform Docker v2 manifest: BuildKit's provenance
+    and SBOM attestations would turn the push into an OCI index, which CreateModel can refuse. The legacy builder
+    writes neither (and knows no such flags), so they are passed only where buildx is the builder."""
+    flags = ["--network", "host", "--platform", "linux/amd64"]
+    if config.serving.base_image:
+        flags += ["--build-arg", f"BASE_IMAGE={config.serving.base_image}"]
+    buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
+    return [*flags, "--provenance=false", "--sbom=false"] if buildx else flags
+
+
 def ensure_image(config: Config, on_progress: Callable[[str], None] | None = None, dry_run: bool = False) -> str:
     """The serving image's URI in ECR, built and pushed unless the registry already has this content's tag."""
     report = on_progress or (lambda _: None)
@@ -122,9 +133,8 @@ def ensure_image(config: Config, on_progress: Callable[[str], None] | None = Non
     if tag_exists(registry, config.serving.repository, tag):
         report(f"{image} already in the registry: nothing to build")
         return image
-    build_args = ["--build-arg", f"BASE_IMAGE={config.serving.base_image}"] if config.serving.base_image else []
     report(f"building {image}")
-    _docker(["build", "--network", "host", *build_args, "-t", image, str(SERVING_CONTEXT)], report)
+    _docker(["build", *build_flags(config), "-t", image, str(SERVING_CONTEXT)], report)
     with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
         _docker(["--config", docker_config, "login", "--username", registry.username, "--password-stdin",
                  registry.url], report, stdin=registry.password)  # fmt: skip

@@ -57,9 +57,43 @@ def test_build_push_then_skip_when_the_registry_has_the_tag(engine, registry_con
     inspected = engine.docker("image", "inspect", "--format", "{{json .Config.Entrypoint}} {{.Config.Env}}", image)
     assert b'["python3","/opt/toolkit/serve.py"]' in inspected.stdout and b"SM_VLLM_PORT=8080" in inspected.stdout
 
+    # SageMaker hosting: a single-platform Docker v2 manifest (not an OCI index), linux/amd64
+    manifest = registry_manifest(engine, image)
+    assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    platform = engine.docker("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", image)
+    assert platform.stdout.decode().strip() == "linux/amd64"
+    # the build installed exactly the transformers the Dockerfile pins (the base's python3 records its calls)
+    calls = engine.docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
+                          "while read -r line; do echo \"$line\"; done < /opt/python3-calls")  # fmt: skip
+    pins = dockerfile_pins()
+    assert f"-m pip install --no-cache-dir transformers=={pins['TRANSFORMERS_VERSION']}" in calls.stdout.decode()
+
     again: list[str] = []
     assert ensure_image(registry_config, again.append) == image
     assert again == [f"{image} already in the registry: nothing to build"]
+
+
+def registry_manifest(engine, image: str) -> dict:
+    import base64
+    import json
+    import urllib.request
+
+    from toolkit.deploy.image import MANIFEST_TYPES
+
+    rest = image.partition("/")[2]
+    repository, _, tag = rest.partition(":")
+    token = base64.b64encode(f"AWS:{ECR_PASSWORD}".encode()).decode()
+    request = urllib.request.Request(
+        f"{engine.registry_url}/v2/{repository}/manifests/{tag}",
+        headers={"Authorization": f"Basic {token}", "Accept": MANIFEST_TYPES},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def dockerfile_pins() -> dict[str, str]:
+    lines = (SERVING_CONTEXT / "Dockerfile").read_text().splitlines()
+    return dict(line[len("ARG ") :].split("=", 1) for line in lines if line.startswith("ARG ") and "=" in line)
 
 
 def test_the_tag_follows_the_content_and_the_base(tmp_path):

