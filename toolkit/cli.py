@@ -457,7 +457,9 @@ def deploy(
         with cloud_errors():
             if dry_run:
                 requests = sdk.render_deploy(cfg, image_uri, model_data)
-                sys.stdout.write(json.dumps([{r.operation: r.params} for r in requests], indent=2, default=str) + "\n")
+                shown = [{r.operation if r.service == "sagemaker" else f"{r.service}.{r.operation}": r.params}
+                         for r in requests]  # fmt: skip
+                sys.stdout.write(json.dumps(shown, indent=2, default=str) + "\n")
                 if not requests:
                     err.print("the endpoint already serves this image and model: nothing to do")
                 return

@@ -94,7 +94,9 @@ def render_deploy(
     from toolkit.deploy import endpoint
 
     cfg = _as_config(config, overrides)
-    return endpoint.Endpoints(cfg).requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data))
+    endpoints = endpoint.Endpoints(cfg)
+    planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data))
+    return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
 
 
 def deploy(

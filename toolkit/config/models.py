@@ -138,6 +138,15 @@ class ServingSettings(StrictModel):
         1800, ge=60, le=3600, description="Container health-check timeout: model load + vLLM start-up."
     )
     download_timeout_seconds: int = Field(1800, ge=60, le=3600, description="Model data download timeout.")
+    # The host's GPU driver must run the image's CUDA: vLLM 0.32's image is built on CUDA 12.9+/13.0, which needs a
+    # 575+ driver; AWS's gpu-4-1 AMI has driver 580 / CUDA 13.0 (gpu-3-1: 550 / 12.4, gpu-2*: 535 / 12.2 are older).
+    inference_ami_version: Literal[
+        "al2023-ami-sagemaker-inference-gpu-4-1", "al2-ami-sagemaker-inference-gpu-3-1",
+        "al2-ami-sagemaker-inference-gpu-2-1", "al2-ami-sagemaker-inference-gpu-2",
+    ] = Field(
+        "al2023-ami-sagemaker-inference-gpu-4-1",
+        description="Endpoint host image (NVIDIA driver + CUDA); the default's driver 580 runs the serving image.",
+    )  # fmt: skip
     routing: Literal["LEAST_OUTSTANDING_REQUESTS", "RANDOM"] = Field(
         "LEAST_OUTSTANDING_REQUESTS", description="How the endpoint routes requests between instances."
     )

@@ -27,6 +27,7 @@ SCALING_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 class Request:
     operation: str  # the boto3 method name
     params: dict[str, Any]
+    service: str = "sagemaker"
 
 
 @dataclass
@@ -144,6 +145,7 @@ class Endpoints:
             "ContainerStartupHealthCheckTimeoutInSeconds": serving.startup_timeout_seconds,
             "ModelDataDownloadTimeoutInSeconds": serving.download_timeout_seconds,
             "RoutingConfig": {"RoutingStrategy": serving.routing},
+            "InferenceAmiVersion": serving.inference_ami_version,
         }
         if serving.volume_size_gb:
             variant["VolumeSizeInGB"] = serving.volume_size_gb
@@ -270,27 +272,31 @@ class Endpoints:
     def _resource_id(self) -> str:
         return f"endpoint/{self.name}/variant/{VARIANT}"
 
-    def _apply_autoscaling(self) -> None:
+    def autoscaling_requests(self) -> list[Request]:
+        """What deploy applies once the endpoint serves (application-autoscaling), when serving.autoscaling is set."""
         scaling = self.config.serving.autoscaling
         if scaling is None:
-            return
-        self.autoscaling.register_scalable_target(
-            ServiceNamespace="sagemaker", ResourceId=self._resource_id(), ScalableDimension=SCALING_DIMENSION,
-            MinCapacity=scaling.min_instances, MaxCapacity=scaling.max_instances,
-        )  # fmt: skip
-        self.autoscaling.put_scaling_policy(
-            PolicyName=f"{self.name}-invocations",
-            ServiceNamespace="sagemaker",
-            ResourceId=self._resource_id(),
-            ScalableDimension=SCALING_DIMENSION,
-            PolicyType="TargetTrackingScaling",
-            TargetTrackingScalingPolicyConfiguration={
-                "TargetValue": float(scaling.invocations_per_instance),
-                "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
-                "ScaleInCooldown": 300,
-                "ScaleOutCooldown": 60,
-            },
-        )
+            return []
+        target = {"ServiceNamespace": "sagemaker", "ResourceId": self._resource_id(),
+                  "ScalableDimension": SCALING_DIMENSION}  # fmt: skip
+        policy = {
+            "TargetValue": float(scaling.invocations_per_instance),
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+            "ScaleInCooldown": 300,
+            "ScaleOutCooldown": 60,
+        }
+        return [
+            Request("register_scalable_target",
+                    {**target, "MinCapacity": scaling.min_instances, "MaxCapacity": scaling.max_instances},
+                    "application-autoscaling"),
+            Request("put_scaling_policy",
+                    {"PolicyName": f"{self.name}-invocations", **target, "PolicyType": "TargetTrackingScaling",
+                     "TargetTrackingScalingPolicyConfiguration": policy}, "application-autoscaling"),
+        ]  # fmt: skip
+
+    def _apply_autoscaling(self) -> None:
+        for request in self.autoscaling_requests():
+            getattr(self.autoscaling, request.operation)(**request.params)
 
     def _restore_autoscaling(self, report: Callable[[str], None]) -> None:
         from botocore.exceptions import ClientError

@@ -182,12 +182,22 @@ class TrainingJob:
             time.sleep(poll_seconds)
 
 
+def model_artifacts(description: dict) -> dict[str, str]:
+    """Where the job's /opt/ml/model went: uncompressed under <S3OutputPath>/<job>/output/model/ (AWS's layout for
+    CompressionType NONE; an S3 prefix the endpoint serves as is), or a model.tar.gz from older jobs."""
+    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
+    if not model:
+        return {}
+    output = description.get("OutputDataConfig", {})
+    if output.get("CompressionType") == "NONE":
+        prefix = f"{output['S3OutputPath'].rstrip('/')}/{description['TrainingJobName']}/output/model/"
+        return {"model": prefix, "adapter": f"{prefix}adapter/", "merged": f"{prefix}merged/"}
+    return {"model": model, "adapter": f"{model}#adapter/", "merged": f"{model}#merged/"}
+
+
 def _state(description: dict) -> JobState:
     status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
-    artifacts = {}
-    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
-    if model:  # model.tar.gz holds adapter/ and merged/ (the entrypoint's /opt/ml/model)
-        artifacts = {"model": model, "adapter": f"{model}#adapter/", "merged": f"{model}#merged/"}
+    artifacts = model_artifacts(description)
     detail = description.get("FailureReason", "") or description.get("SecondaryStatus", "")
     return JobState(description["TrainingJobName"], status, detail, artifacts)
 
@@ -302,8 +312,12 @@ class TrainingJobTarget:
             networking=Networking(subnets=job.subnets, security_group_ids=job.security_group_ids)
             if job.subnets
             else None,
+            # uncompressed: a merged gpt-oss is 40-240 GB; gzip at the end of training and gunzip at endpoint start
+            # would cost long minutes to hours and risk the endpoint's download timeout
             output_data_config=OutputDataConfig(
-                s3_output_path=f"s3://{config.aws.bucket}/{config.aws.prefix}/output", kms_key_id=job.kms_key_id
+                s3_output_path=f"s3://{config.aws.bucket}/{config.aws.prefix}/output",
+                kms_key_id=job.kms_key_id,
+                compression_type="NONE",
             ),
             checkpoint_config=CheckpointConfig(local_path="/opt/ml/checkpoints"),
             input_data_config=[InputData(channel_name=name, data_source=uri) for name, uri in channels.items()],

@@ -15,6 +15,7 @@ import pytest
 from botocore.stub import Stubber
 from typer.testing import CliRunner
 
+from tests.botocore_model import assert_valid_call
 from toolkit import sdk
 from toolkit.cli import app
 from toolkit.config import load_config
@@ -43,11 +44,11 @@ def completed_training_job(aws_env, name):
         TrainingJobName=name,
         AlgorithmSpecification={"TrainingImage": "train:1", "TrainingInputMode": "File"},
         RoleArn=aws_env["role"],
-        OutputDataConfig={"S3OutputPath": f"s3://{aws_env['bucket']}/jobs"},
+        OutputDataConfig={"S3OutputPath": f"s3://{aws_env['bucket']}/jobs", "CompressionType": "NONE"},
         ResourceConfig={"InstanceType": "ml.g4dn.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
         StoppingCondition={"MaxRuntimeInSeconds": 3600},
     )
-    return sagemaker().describe_training_job(TrainingJobName=name)["ModelArtifacts"]["S3ModelArtifacts"]
+    return f"s3://{aws_env['bucket']}/jobs/{name}/output/model/"  # uncompressed, as the toolkit's jobs write it
 
 
 def test_deploy_creates_model_config_and_endpoint_from_the_latest_training_job(aws_env):
@@ -63,7 +64,12 @@ def test_deploy_creates_model_config_and_endpoint_from_the_latest_training_job(a
     assert variant["InstanceType"] == "ml.g4dn.xlarge" and variant["InitialInstanceCount"] == 1
     model = sagemaker().describe_model(ModelName=variant["ModelName"])
     container = model["PrimaryContainer"]
-    assert container["Image"] == IMAGE and container["ModelDataUrl"] == model_data
+    assert container["Image"] == IMAGE and "ModelDataUrl" not in container  # served as an S3 prefix, no tarball
+    assert container["ModelDataSource"]["S3DataSource"] == {
+        "S3Uri": model_data,
+        "S3DataType": "S3Prefix",
+        "CompressionType": "None",
+    }
     assert container["Environment"]["SM_VLLM_MAX_MODEL_LEN"] == "2048"
     assert container["Environment"]["SM_VLLM_ENABLE_PREFIX_CACHING"] == "true"
     assert container["Environment"]["SM_VLLM_TENSOR_PARALLEL_SIZE"] == "1"
@@ -127,6 +133,23 @@ def test_cli_dry_run_prints_every_request_and_creates_nothing(aws_env, tmp_path)
     assert [next(iter(r)) for r in requests] == ["create_model", "create_endpoint_config", "create_endpoint"]
     assert requests[0]["create_model"]["PrimaryContainer"]["Image"] == IMAGE
     assert sagemaker().list_models()["Models"] == [] and sagemaker().list_endpoints()["Endpoints"] == []
+
+
+def test_every_deploy_request_is_valid_for_aws_and_the_dry_run_shows_autoscaling(aws_env):
+    cfg = config(aws_env, "serving.autoscaling.min_instances=1", "serving.autoscaling.max_instances=3",
+                 "serving.rollback_alarms=[tiny-5xx]")  # fmt: skip
+    planned = sdk.render_deploy(cfg, IMAGE, MODEL)
+    assert [(r.service, r.operation) for r in planned] == [
+        ("sagemaker", "create_model"), ("sagemaker", "create_endpoint_config"), ("sagemaker", "create_endpoint"),
+        ("application-autoscaling", "register_scalable_target"), ("application-autoscaling", "put_scaling_policy"),
+    ]  # fmt: skip
+    sdk.deploy(cfg, IMAGE, MODEL, poll_seconds=0)
+    changed = config(aws_env, "serving.autoscaling.min_instances=1", "serving.autoscaling.max_instances=3",
+                     "serving.rollback_alarms=[tiny-5xx]", "serving.max_model_len=2048")  # fmt: skip
+    update = sdk.render_deploy(changed, IMAGE, MODEL)  # blue/green with alarms: UpdateEndpoint's DeploymentConfig
+    assert "update_endpoint" in [r.operation for r in update]
+    for request in [*planned, *update]:
+        assert_valid_call(request.service, request.operation, request.params)
 
 
 def test_cli_deploy_then_describe(aws_env, tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from botocore.stub import Stubber
 from typer.testing import CliRunner
 
+from tests.botocore_model import assert_valid
 from toolkit.aws import AwsError
 from toolkit.cli import app
 from toolkit.config import load_config
@@ -80,6 +81,8 @@ def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]}
     assert {"train", "code", "sm_drivers"} <= set(channels)
     assert d["HyperParameters"]["lora.r"] == "8" and d["HyperParameters"]["training.packing"] == "true"
+    assert_valid("sagemaker", "CreateTrainingJob", sent)  # what AWS itself accepts, not only the emulator
+    assert sent["OutputDataConfig"]["CompressionType"] == "NONE"  # the model lands uncompressed (40-240 GB merged)
     metrics = sent["AlgorithmSpecification"]["MetricDefinitions"]
     assert {m["Name"]: m["Regex"] for m in metrics} == METRIC_DEFINITIONS
     assert {"Key": "toolkit:config", "Value": "gpt-oss-20b-lora"} in sent["Tags"]
@@ -137,7 +140,8 @@ def test_following_in_progress_to_completed_with_logs(aws_env):
     assert any("InProgress" in line for line in lines) and any("Completed" in line for line in lines)
     assert "[metrics] step=1/2 loss=1.5 on algo-1" in lines
     assert "[algo-2-1700000000] [metrics] step=1/2 loss=1.5 on algo-2" in lines
-    assert state.artifacts["model"].endswith("model.tar.gz")
+    output = f"s3://{aws_env['bucket']}/toolkit/output/{job.name}/output/model/"  # uncompressed (CompressionType NONE)
+    assert state.artifacts == {"model": output, "adapter": f"{output}adapter/", "merged": f"{output}merged/"}
     assert json.loads(Path("runs/gpt-oss-20b-lora/training-job.json").read_text())["job"] == job.name
     assert TARGET.latest_completed(config(aws_env)).name == job.name
 
