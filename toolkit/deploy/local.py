@@ -141,13 +141,17 @@ class LocalServer:
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
+        # SIGTERM to the API server alone: it shuts its engine down in order (~3 s). Signalling the whole group
+        # killed the engine first, and the server logged an EngineDeadError traceback.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):  # whatever is left of the group (a stuck engine process)
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        self.process.wait()
 
     def __enter__(self) -> LocalServer:
         return self.start()

@@ -247,3 +247,44 @@ def test_lora_adapter_on_a_dense_model_through_enable_lora(trained, tmp_path):
         reply = toolkit.sdk.chat_client(dense, url=running.url).chat([{"role": "user", "content": "Hallo"}], 8)
         assert reply.model == "adapter" and reply.usage["completion_tokens"] > 0
     assert "--enable-lora" in (tmp_path / "serve.log").read_text()
+
+
+def test_local_deploy_dry_run_starts_nothing(trained):
+    _, model = trained
+    port = free_port()
+    result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--target", "local", "--dry-run",
+                                      "--model-dir", str(model), "--port", str(port)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["command"][-1].endswith("serve.py") and plan["url"] == f"http://127.0.0.1:{port}"
+    assert plan["environment"]["SM_MODEL_DIR"] == str(model) and plan["vllm_installed"] is True
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens
+
+
+def test_local_server_in_the_background_stops_cleanly_on_sigint(trained, tmp_path):
+    """As `toolkit deploy --target local &` in a shell: SIGINT (or SIGTERM) stops vLLM in order, with no engine
+    traceback in its log and no process left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg, model = trained
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "deploy", "tiny-gpt-oss-local", "--target", "local",
+         "--model-dir", str(model), "--port", str(port)],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    from toolkit.deploy.client import wait_for
+
+    wait_for(f"http://127.0.0.1:{port}", 600)
+    server.send_signal(signal.SIGINT)
+    output, _ = server.communicate(timeout=60)
+    assert server.returncode in (0, 130), output
+    log = (tmp_path / "runs" / cfg.name / "serve.log").read_text()
+    assert "EngineDeadError" not in log and "Traceback" not in log, log[-3000:]
+    time.sleep(1)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # the server and its engine are gone
