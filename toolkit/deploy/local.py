@@ -145,10 +145,8 @@ class LocalServer:
         # killed the engine first, and the server logged an EngineDeadError traceback.
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
         with contextlib.suppress(ProcessLookupError):  # whatever is left of the group (a stuck engine process)
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
