@@ -17,6 +17,8 @@ TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
+# The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
+HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 
 
 class StrictModel(BaseModel):

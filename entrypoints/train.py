@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a script (SageMaker's source dir): impor
     __package__ = Path(__file__).resolve().parent.name  # "entrypoints" in a job, as installed elsewhere
     __import__(__package__)
 
-from .settings import TrainSettings, from_hyperparameters
+from .settings import HF_TOKEN_SECRET_ENV, TrainSettings, from_hyperparameters
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 
@@ -366,10 +366,29 @@ def relaunch_under_torchrun() -> None:
     os.execv(sys.executable, command)
 
 
+def load_hf_token() -> None:
+    """The Hugging Face token from the Secrets Manager secret the job names, read with the job's own role and kept
+    in this process's memory (the hub client reads HF_TOKEN): it never travels in the job's request, its
+    environment as SageMaker shows it, or a log. The secret holds the token, or JSON with an HF_TOKEN key."""
+    secret = os.environ.get(HF_TOKEN_SECRET_ENV)
+    if not secret or os.environ.get("HF_TOKEN"):
+        return
+    import boto3
+
+    value = boto3.client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"].strip()
+    if value.startswith("{"):
+        value = json.loads(value).get("HF_TOKEN") or json.loads(value).get("token") or ""
+    if not value:
+        raise ValueError(f"secret {secret} holds no token (a string, or JSON with an HF_TOKEN key)")
+    os.environ["HF_TOKEN"] = value
+    log(f"Hugging Face token read from secret {secret}")
+
+
 def main() -> int:
     relaunch_under_torchrun()
     paths = Paths.from_env()
     try:
+        load_hf_token()
         settings = read_settings(paths)
         return train(settings, paths)
     except Exception as exc:

@@ -34,6 +34,24 @@ def session(settings: AwsSettings):
     return made
 
 
+class OfflineCall(AwsError):
+    """A dry run tried to call AWS."""
+
+
+def offline_session(settings: AwsSettings):
+    """A session for dry runs: placeholder credentials (none are needed or read) and a hook that refuses every
+    request before it is signed or sent, so a rendering can never reach AWS, nor fail for lack of access."""
+    import boto3
+
+    made = boto3.Session(region_name=settings.region, aws_access_key_id="dry-run", aws_secret_access_key="dry-run")
+
+    def refuse(model: Any, **_: Any) -> None:
+        raise OfflineCall(f"a dry run must not call AWS, but tried {model.service_model.service_name}.{model.name}")
+
+    made.events.register("before-call", refuse)
+    return made
+
+
 def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any:
     from botocore.config import Config as BotoConfig
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,3 +139,20 @@ def test_failure_file_on_corrupt_data(tmp_path):
     assert result.returncode == 1
     reason = (root / "output" / "failure").read_text()
     assert "cannot read json data" in reason and str(channel) in reason
+
+
+def test_the_job_reads_its_hf_token_from_the_named_secret(aws_env, monkeypatch):
+    """Inside the container: the secret named by the job's environment is read with the job's role (here the
+    emulator's Secrets Manager over HTTP), into this process's memory only."""
+    import boto3
+
+    from toolkit.entrypoints import train
+
+    token = "hf_" + "t" * 34
+    boto3.client("secretsmanager").create_secret(Name="hf-token", SecretString=token)
+    boto3.client("secretsmanager").create_secret(Name="hf-json", SecretString=json.dumps({"HF_TOKEN": token}))
+    for secret in ("hf-token", "hf-json"):
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.setenv("TOOLKIT_HF_TOKEN_SECRET", secret)
+        train.load_hf_token()
+        assert os.environ["HF_TOKEN"] == token

@@ -21,7 +21,7 @@ from typing import Any
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import JobState, Status, TargetError, tail
 
@@ -57,6 +57,7 @@ STATUS = {
     "Stopped": Status.STOPPED,
 }
 CONFIG_TAG = "toolkit:config"
+USER_VALIDATE_ROLE = os.environ.get("SAGEMAKER_VALIDATE_ROLE", "true")
 
 
 def default_image(region: str) -> str:
@@ -107,16 +108,23 @@ def stage_code(into: Path) -> Path:
     return into
 
 
-def hf_token(config: Config, boto_session) -> str | None:
-    """The Hugging Face token, read at submit time: Secrets Manager when named, else the caller's env."""
+def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, str]:
+    """The job learns the Hugging Face token's *secret name*, never its value: the entrypoint reads the value in
+    the container with the execution role (DescribeTrainingJob shows the environment to anyone who may describe
+    the job). At submit time only the secret's existence is checked (DescribeSecret: metadata, not the value)."""
     secret = config.training_job.hf_token_secret
-    if secret:
+    if not secret:
+        return {}
+    if not dry_run:
         client = aws.client(config.aws, "secretsmanager", boto_session)
         try:
-            return client.get_secret_value(SecretId=secret)["SecretString"]
+            client.describe_secret(SecretId=secret)
         except client.exceptions.ResourceNotFoundException:
-            raise TargetError(f"training_job.hf_token_secret: no secret named {secret!r}") from None
-    return os.environ.get("HF_TOKEN")
+            raise TargetError(
+                f"training_job.hf_token_secret: no secret named {secret!r} in {config.aws.region}: create it with "
+                f"`aws secretsmanager create-secret --name {secret} --secret-string <token>`"
+            ) from None
+    return {HF_TOKEN_SECRET_ENV: secret}
 
 
 @dataclass
@@ -213,11 +221,9 @@ class TrainingJobTarget:
     name = "training-job"
 
     def render(self, config: Config) -> str:
-        """The exact CreateTrainingJob request; the upload step is simulated, nothing is created."""
+        """The CreateTrainingJob request, rendered offline: no AWS call, no credentials, nothing uploaded. Values
+        fixed only at submit time (the job name's timestamp, the code and data upload prefixes) are marked."""
         request = self._request(config, dry_run=True)
-        environment = request.get("Environment") or {}
-        if "HF_TOKEN" in environment:
-            environment["HF_TOKEN"] = "***"
         return json.dumps(request, indent=2, default=str)
 
     def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
@@ -249,7 +255,7 @@ class TrainingJobTarget:
                 return _state(description)
         return None
 
-    def _request(self, config: Config, dry_run: bool) -> dict:
+    def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
         trainer, _ = self._trainer(config, dry_run=dry_run)
         try:
             request = trainer._create_training_job_args(boto3=True)
@@ -259,9 +265,12 @@ class TrainingJobTarget:
 
     def _trainer(self, config: Config, dry_run: bool):
         aws.require(config.aws, "role", "bucket")
-        boto_session = aws.session(config.aws)
+        boto_session = aws.offline_session(config.aws) if dry_run else aws.session(config.aws)
         _opt_out_of_sdk_telemetry()
-        os.environ.setdefault("SAGEMAKER_VALIDATE_ROLE", "false" if aws.endpoint_url(config.aws) else "true")
+        # the SDK checks the role with IAM's SimulatePrincipalPolicy: not in an offline rendering, and not against an
+        # emulator (which lacks it); otherwise as the user set it (default on)
+        skip_check = dry_run or aws.endpoint_url(config.aws)
+        os.environ["SAGEMAKER_VALIDATE_ROLE"] = "false" if skip_check else USER_VALIDATE_ROLE
         from sagemaker.core.helper.session_helper import Session
         from sagemaker.core.shapes import MetricDefinition, StoppingCondition, Tag
         from sagemaker.core.training.configs import (
@@ -283,11 +292,8 @@ class TrainingJobTarget:
             default_bucket=config.aws.bucket,
             default_bucket_prefix=config.aws.prefix,
         )
+        environment = token_environment(config, boto_session, dry_run)  # before any upload: fails early
         channels = self._channels(config, boto_session, dry_run)
-        environment = {}
-        token = hf_token(config, boto_session)
-        if token:
-            environment["HF_TOKEN"] = token
         trainer = ModelTrainer(
             sagemaker_session=session,
             role=config.aws.role,
@@ -357,7 +363,11 @@ def _dry_run_session_class():
     from sagemaker.core.helper.session_helper import Session
 
     class DryRunSession(Session):
-        """Answers uploads with the URI they would produce, without writing anything."""
+        """Answers uploads with the URI they would produce, without writing anything, and takes the configured
+        bucket as it is (the real session checks, or creates, it in S3)."""
+
+        def default_bucket(self):
+            return self._default_bucket_name_override
 
         def upload_data(self, path, bucket=None, key_prefix="data", callback=None, extra_args=None):
             bucket = bucket or self.default_bucket()

@@ -21,7 +21,7 @@ from tests.botocore_model import assert_valid
 from toolkit.aws import AwsError
 from toolkit.cli import app
 from toolkit.config import load_config
-from toolkit.targets.base import Status
+from toolkit.targets.base import Status, TargetError
 from toolkit.targets.training_job import LOG_GROUP, METRIC_DEFINITIONS, TARGET, TrainingJob
 
 pytestmark = pytest.mark.integration
@@ -167,23 +167,58 @@ def test_stop_calls_stop_training_job(aws_env):
         stub.assert_no_pending_responses()
 
 
-def test_dry_run_prints_the_request_and_creates_nothing(aws_env, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)
-    cfg = config(aws_env, "target=training-job")
-    result = CliRunner().invoke(
-        app, ["train", "gpt-oss-20b-lora", "--target", "training-job", "--dry-run",
-              "--set", f"aws.role={aws_env['role']}", "--set", f"aws.bucket={aws_env['bucket']}",
-              "--set", f"data.source={DATA}"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+def test_dry_run_is_offline_and_creates_nothing(aws_env, tmp_path):
+    """No network (a loopback-only network namespace), no credentials, no AWS call: the request is rendered
+    locally. The HF token's secret is only named; its value is never read."""
+    import os
+    import subprocess
+    import sys
+
+    Path(DATA).write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                   {"role": "assistant", "content": "ho"}]}) + "\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent", HOME=str(tmp_path))
+    command = [sys.executable, "-m", "toolkit.cli", "train", "gpt-oss-20b-lora", "--target", "training-job",
+               "--dry-run", "--set", f"aws.role={aws_env['role']}", "--set", f"aws.bucket={aws_env['bucket']}",
+               "--set", f"data.source={DATA}", "--set", "training_job.hf_token_secret=hf-token"]  # fmt: skip
+    isolated = ["unshare", "-n", "bash", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "offline", *command]
+    result = subprocess.run(isolated, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     request = json.loads(result.stdout)
+    assert_valid("sagemaker", "CreateTrainingJob", request)
     assert request["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
-    assert request["Environment"]["HF_TOKEN"] == "***"
-    assert "hf_xxxx" not in result.stdout
-    assert all("HF_TOKEN" not in k and "hf_" not in v for k, v in request["HyperParameters"].items())
+    assert request["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token"}  # the name, not a token
     assert keys() == {}
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
-    del cfg
+
+
+def test_the_hf_token_stays_in_secrets_manager(aws_env, monkeypatch):
+    """The client names the secret and checks it exists (metadata only); the job reads the value itself."""
+    import toolkit.aws
+
+    token = "hf_" + "s" * 34
+    boto3.client("secretsmanager").create_secret(Name="hf-token", SecretString=token)
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "e" * 34)  # the caller's own token is not forwarded either
+    sent: dict = {}
+    read_values: list[str] = []
+    real_session = toolkit.aws.session
+
+    def spying_session(settings):
+        made = real_session(settings)
+        made.events.register(
+            "provide-client-params.sagemaker.CreateTrainingJob", lambda params, **_: sent.update(params)
+        )
+        made.events.register("before-call.secretsmanager.GetSecretValue", lambda **_: read_values.append("read"))
+        return made
+
+    monkeypatch.setattr(toolkit.aws, "session", spying_session)
+    job = TARGET.submit(config(aws_env, "training_job.hf_token_secret=hf-token"))
+    assert sent["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token"} and read_values == []
+    described = json.dumps(job.describe(), default=str)
+    assert token not in json.dumps(sent) and token not in described and "hf_eeee" not in json.dumps(sent)
+    missing = config(aws_env, "training_job.hf_token_secret=no-such-secret")
+    with pytest.raises(TargetError, match="no secret named 'no-such-secret'"):
+        TARGET.submit(missing)
 
 
 def test_missing_role_or_credentials_fail_before_any_request(aws_env, monkeypatch):
