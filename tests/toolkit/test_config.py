@@ -87,9 +87,21 @@ BROKEN = [
     ({"trainer": {}}, "trainer: unknown key; did you mean 'training'?"),
     (
         {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"instance_type": "ml.g6e.2xlarge"}},
-        "merged openai/gpt-oss-20b is ~42 GB of bf16 weights but ml.g6e.2xlarge",
+        "merged openai/gpt-oss-20b is ~39 GiB of bf16 weights but ml.g6e.2xlarge",
+    ),
+    (
+        {"serving": {"instance_type": "ml.g6e.12xlarge", "volume_size_gb": 200}},
+        "serving.volume_size_gb: ml.g6e.12xlarge serves from its NVMe instance storage",
     ),
 ]
+
+
+def test_the_serving_size_check_counts_gib_as_gib():
+    """gpt-oss-120b merged is ~218 GiB: it fits 4 H100s of a p5.48xlarge (320 GiB) with room for the KV cache."""
+    cfg = load_config("gpt-oss-120b-lora", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=4"])
+    assert cfg.serving.tensor_parallel_size == 4
+    with pytest.raises(ConfigError, match="~218 GiB of bf16 weights"):
+        load_config("gpt-oss-120b-lora", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=2"])
 
 
 @pytest.mark.parametrize(("change", "expected"), BROKEN, ids=[b[1][:40] for b in BROKEN])

@@ -1,4 +1,10 @@
-"""What the toolkit knows about SageMaker GPU instance types: GPUs and EFA interfaces per node."""
+"""What the toolkit knows about SageMaker GPU instance types: the one table every check uses.
+
+GPUs, EFA interfaces and GPU memory per node, and whether the type has local NVMe instance storage: SageMaker
+refuses an EBS KMS key (VolumeKmsKeyId) for training and an EBS size (VolumeSizeInGB) for endpoints on those
+(the NVMe volumes are encrypted by the hardware). Source: the AWS instance-type pages and the SageMaker API
+reference for ResourceConfig.VolumeKmsKeyId and ProductionVariant.VolumeSizeInGB.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ class Instance(NamedTuple):
     gpus: int
     efa: int  # EFA interfaces HyperPod pods should request (0: no EFA)
     gpu_memory_gib: int
+    local_nvme: bool = True  # instance storage on NVMe (every type here but p3)
 
 
 INSTANCES: dict[str, Instance] = {
@@ -28,8 +35,8 @@ INSTANCES: dict[str, Instance] = {
     "ml.g5.48xlarge": Instance(8, 1, 24),
     "ml.g4dn.xlarge": Instance(1, 0, 16),
     "ml.g4dn.12xlarge": Instance(4, 0, 16),
-    "ml.p3.2xlarge": Instance(1, 0, 16),
-    "ml.p3.16xlarge": Instance(8, 0, 16),
+    "ml.p3.2xlarge": Instance(1, 0, 16, local_nvme=False),
+    "ml.p3.16xlarge": Instance(8, 0, 16, local_nvme=False),
 }
 
 

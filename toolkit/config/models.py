@@ -176,6 +176,11 @@ class ServingSettings(StrictModel):
             raise ValueError(
                 f"serving.tensor_parallel_size is {self.tensor_parallel_size} but {self.instance_type} has {gpus} GPUs"
             )
+        if self.volume_size_gb is not None and instance(self.instance_type, "serving.instance_type").local_nvme:
+            raise ValueError(
+                f"serving.volume_size_gb: {self.instance_type} serves from its NVMe instance storage and SageMaker "
+                "refuses an EBS volume size for it: remove serving.volume_size_gb"
+            )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
         return self
@@ -232,11 +237,11 @@ class Config(TrainSettings):
         serving = self.serving
         if params is None or serving.weights != "merged" or serving.tensor_parallel_size is None:
             return self
-        weights_gb = 2 * params  # the merged model is bf16 (MXFP4 experts dequantized for training)
+        weights_gib = 2 * params * 1e9 / 2**30  # the merged model is bf16 (MXFP4 experts dequantized for training)
         usable = serving.tensor_parallel_size * instance(serving.instance_type, "serving.instance_type").gpu_memory_gib
-        if weights_gb > 0.8 * usable * serving.gpu_memory_utilization:  # the rest: KV cache, activations
+        if weights_gib > 0.8 * usable * serving.gpu_memory_utilization:  # the rest: KV cache, activations
             raise ValueError(
-                f"serving: the merged {self.model.id} is ~{weights_gb:.0f} GB of bf16 weights but "
+                f"serving: the merged {self.model.id} is ~{weights_gib:.0f} GiB of bf16 weights but "
                 f"{serving.instance_type} gives vLLM ~{usable * serving.gpu_memory_utilization:.0f} GiB on "
                 f"{serving.tensor_parallel_size} GPU(s), with too little left for the KV cache: choose a larger "
                 "serving.instance_type (e.g. ml.g6e.12xlarge for 20b, ml.p5.48xlarge for 120b)"

@@ -309,7 +309,8 @@ class TrainingJobTarget:
                 instance_type=job.instance_type,
                 instance_count=job.instance_count,
                 volume_size_in_gb=job.volume_size_gb,
-                volume_kms_key_id=job.kms_key_id,
+                # NVMe instance storage is encrypted by the hardware; SageMaker refuses a volume key there
+                volume_kms_key_id=None if instance(job.instance_type, "").local_nvme else job.kms_key_id,
                 enable_managed_spot_training=job.spot,
             ),
             stopping_condition=StoppingCondition(

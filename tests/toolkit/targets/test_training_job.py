@@ -192,6 +192,18 @@ def test_dry_run_is_offline_and_creates_nothing(aws_env, tmp_path):
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
 
 
+@pytest.mark.parametrize(("instance_type", "volume_key"), [("ml.p5.48xlarge", False), ("ml.p3.16xlarge", True)])
+def test_a_kms_key_encrypts_ebs_volumes_only_where_aws_allows_it(aws_env, instance_type, volume_key):
+    """NVMe instance storage (p5, p4d, g5, g6e) takes no VolumeKmsKeyId (AWS refuses the job); the output keeps
+    the key on every type."""
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    cfg = config(aws_env, f"training_job.instance_type={instance_type}", f"training_job.kms_key_id={key}")
+    request = json.loads(TARGET.render(cfg))
+    assert ("VolumeKmsKeyId" in request["ResourceConfig"]) is volume_key
+    assert request["OutputDataConfig"]["KmsKeyId"] == key
+    assert_valid("sagemaker", "CreateTrainingJob", request)
+
+
 def test_the_hf_token_stays_in_secrets_manager(aws_env, monkeypatch):
     """The client names the secret and checks it exists (metadata only); the job reads the value itself."""
     import toolkit.aws
