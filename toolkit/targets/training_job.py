@@ -25,22 +25,9 @@ from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import JobState, Status, TargetError, tail
 
-PYTORCH_IMAGE = "pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
-# AWS Deep Learning Containers registry accounts where they differ from the default
-DLC_ACCOUNTS = {
-    "af-south-1": "626614931356",
-    "ap-east-1": "871362719292",
-    "ap-south-2": "772153158452",
-    "ap-southeast-3": "907027046896",
-    "ap-southeast-4": "457447274322",
-    "ca-west-1": "204538143572",
-    "eu-central-2": "380420809688",
-    "eu-south-1": "692866216735",
-    "eu-south-2": "503227376785",
-    "il-central-1": "780543022126",
-    "me-central-1": "914824155844",
-    "me-south-1": "217643126080",
-}
+# The AWS PyTorch training DLC the job runs on (unless training_job.image_uri): the newest release in the
+# SageMaker SDK's own image catalogue, looked up there for every region (registry accounts differ by region).
+TRAINING_DLC = {"framework": "pytorch", "version": "2.10.0", "py_version": "py313"}
 # Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see entrypoints/train.py).
 METRIC_DEFINITIONS = {
     "train:loss": r"\[metrics\] step=\S+ loss=([0-9.eE+-]+)",
@@ -60,10 +47,18 @@ CONFIG_TAG = "toolkit:config"
 USER_VALIDATE_ROLE = os.environ.get("SAGEMAKER_VALIDATE_ROLE", "true")
 
 
-def default_image(region: str) -> str:
-    account = DLC_ACCOUNTS.get(region, "763104351884")
-    suffix = ".cn" if region.startswith("cn-") else ""
-    return f"{account}.dkr.ecr.{region}.amazonaws.com{suffix}/{PYTORCH_IMAGE}"
+def default_image(region: str, instance_type: str) -> str:
+    """The training DLC's URI in `region`, from the SageMaker SDK's image catalogue (offline, a file it ships)."""
+    _opt_out_of_sdk_telemetry()
+    from sagemaker.core import image_uris
+
+    try:
+        return image_uris.retrieve(region=region, instance_type=instance_type, image_scope="training", **TRAINING_DLC)
+    except ValueError as exc:
+        raise TargetError(
+            f"aws.region: no AWS PyTorch {TRAINING_DLC['version']} training image in {region} ({exc}); "
+            "set training_job.image_uri to an image in your registry"
+        ) from None
 
 
 def _opt_out_of_sdk_telemetry() -> None:
@@ -298,7 +293,7 @@ class TrainingJobTarget:
             sagemaker_session=session,
             role=config.aws.role,
             base_job_name=config.name,
-            training_image=job.image_uri or default_image(config.aws.region),
+            training_image=job.image_uri or default_image(config.aws.region, job.instance_type),
             source_code=SourceCode(
                 source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")))),
                 entry_script="entrypoints/train.py",

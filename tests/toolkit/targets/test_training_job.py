@@ -70,9 +70,7 @@ def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
     )
     job = TARGET.submit(cfg)
     d = job.describe()
-    assert d["AlgorithmSpecification"]["TrainingImage"].endswith(
-        "/pytorch-training:2.8.0-gpu-py312-cu129-ubuntu22.04-sagemaker"
-    )
+    assert d["AlgorithmSpecification"]["TrainingImage"].endswith("/pytorch-training:2.10.0-gpu-py313")
     assert d["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge" and d["ResourceConfig"]["InstanceCount"] == 2
     assert d["EnableManagedSpotTraining"] is True
     assert d["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600, "MaxWaitTimeInSeconds": 7200}
@@ -190,6 +188,22 @@ def test_dry_run_is_offline_and_creates_nothing(aws_env, tmp_path):
     assert request["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token"}  # the name, not a token
     assert keys() == {}
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
+
+
+def test_the_training_image_comes_from_the_sdks_catalogue_in_every_region():
+    """Registry accounts differ by region (ap-northeast-3, cn-*, us-gov-*, ...): every region the SageMaker SDK's
+    image catalogue lists for the pinned DLC gets that region's account and domain, none a guessed default."""
+    from importlib import resources
+
+    from toolkit.targets.training_job import TRAINING_DLC, default_image
+
+    catalogue = json.loads((resources.files("sagemaker.core") / "image_uri_config" / "pytorch.json").read_text())
+    registries = catalogue["training"]["versions"][TRAINING_DLC["version"]]["registries"]
+    assert len(registries) > 30 and registries["ap-northeast-3"] != registries["us-east-1"]
+    for region, account in registries.items():
+        image = default_image(region, "ml.p5.48xlarge")
+        assert image.startswith(f"{account}.dkr.ecr.{region}."), (region, image)
+        assert image.endswith(f"/pytorch-training:{TRAINING_DLC['version']}-gpu-{TRAINING_DLC['py_version']}")
 
 
 @pytest.mark.parametrize(("instance_type", "volume_key"), [("ml.p5.48xlarge", False), ("ml.p3.16xlarge", True)])
