@@ -73,6 +73,24 @@ def require(settings: AwsSettings, *fields: str) -> None:
         )
 
 
+def require_bucket(settings: AwsSettings, boto_session: Any = None) -> None:
+    """aws.bucket must exist (and be reachable with these credentials) before anything is uploaded to it."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client(settings, "s3", boto_session).head_bucket(Bucket=settings.bucket)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("404", "NoSuchBucket", "NotFound"):
+            raise AwsError(
+                f"aws.bucket: bucket {settings.bucket!r} does not exist: create it with `toolkit infra deploy` "
+                "(then `toolkit infra outputs --write`), or set aws.bucket to an existing bucket"
+            ) from None
+        if code in ("403", "AccessDenied"):
+            raise AwsError(f"aws.bucket: no access to bucket {settings.bucket!r} with these credentials") from None
+        raise
+
+
 def upload_tree(s3: Any, source: Path, bucket: str, prefix: str) -> None:
     """Upload a file, or every file under a directory (keeping relative paths), under `prefix`."""
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())

@@ -13,19 +13,10 @@ import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
+import click
 import typer
+import typer.core
 from rich.console import Console
-
-app = typer.Typer(
-    help="Fine-tune gpt-oss with LoRA on SageMaker and serve it: one config, three verbs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-config_app = typer.Typer(help="Check, show and describe configs.", no_args_is_help=True)
-data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
-app.add_typer(data_app, name="data")
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -36,8 +27,42 @@ METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    err.print("[bold red]error:[/] ", end="")
+    err.print(message, highlight=False, markup=False)  # values from configs and clouds are text, never markup
     raise typer.Exit(code)
+
+
+class Commands(typer.core.TyperGroup):
+    """Applies toolkit.errors' one map to every command: a known failure is one line and its exit code."""
+
+    def invoke(self, ctx):
+        from toolkit.errors import classify
+
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:
+            known = classify(exc)
+            if known is None:
+                raise
+            code, message = known
+            if code == 130:
+                raise typer.Exit(130) from None
+            fail(message, code)
+
+
+app = typer.Typer(
+    cls=Commands,
+    help="Fine-tune gpt-oss with LoRA on SageMaker and serve it: one config, three verbs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Check, show and describe configs.", no_args_is_help=True)
+data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(data_app, name="data")
 
 
 def load(source: str, overrides: list[str] | None):
@@ -110,7 +135,7 @@ def data_prepare(
 
     cfg = load(source, set_)
     try:
-        with cloud_errors(), status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
+        with status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
             report = prepare_data(cfg, output)
     except DataError as exc:
         fail(str(exc))
@@ -172,6 +197,12 @@ def follow(job):
         elif line.startswith("[toolkit]") or "Error" in line:
             progress.console.print(line, highlight=False, markup=False)
 
+    import signal
+
+    def terminate(*_):  # SIGTERM (a CI runner cancelling, `kill`) stops the job like Ctrl-C: checkpoint first
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     with progress:
         try:
             return job.wait(on_line)
@@ -375,36 +406,6 @@ def infra_destroy(
 DeployTarget = Annotated[str, typer.Option("--target", help="endpoint (SageMaker) | local (vLLM on this machine).")]
 
 
-def _botocore_errors() -> tuple[type[Exception], type[Exception]] | None:
-    """botocore's error classes, or None without the `aws` extra (local serving and training need no AWS)."""
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:
-        return None
-    return ClientError, BotoCoreError
-
-
-@contextlib.contextmanager
-def cloud_errors():
-    """A failed deployment or AWS call becomes one red line and exit 1, not a traceback."""
-    from toolkit.aws import AwsError
-    from toolkit.config import ConfigError
-    from toolkit.deploy import DeployError
-
-    boto = _botocore_errors()
-    try:
-        yield
-    except (DeployError, AwsError, ConfigError) as exc:
-        fail(str(exc), code=1)
-    except Exception as exc:
-        if boto is None or not isinstance(exc, boto):
-            raise
-        if isinstance(exc, boto[0]):
-            error = exc.response.get("Error", {})  # type: ignore[attr-defined]
-            fail(f"{error.get('Code', 'ClientError')}: {error.get('Message', exc)}", code=1)
-        fail(str(exc), code=1)
-
-
 def _live():
     """A spinner on stderr, or a no-op when another process owns the terminal: a server started in the
     background (`toolkit deploy --target local &`) must not draw over the foreground command's display."""
@@ -454,23 +455,22 @@ def deploy(
         fail(f"--target must be endpoint or local, not {target!r}")
     sent: list[str] = []  # endpoint requests already made: what Ctrl-C leaves behind
     try:
-        with cloud_errors():
-            if dry_run:
-                requests = sdk.render_deploy(cfg, image_uri, model_data)
-                shown = [{r.operation if r.service == "sagemaker" else f"{r.service}.{r.operation}": r.params}
-                         for r in requests]  # fmt: skip
-                sys.stdout.write(json.dumps(shown, indent=2, default=str) + "\n")
-                if not requests:
-                    err.print("the endpoint already serves this image and model: nothing to do")
-                return
+        if dry_run:
+            requests = sdk.render_deploy(cfg, image_uri, model_data)
+            shown = [{r.operation if r.service == "sagemaker" else f"{r.service}.{r.operation}": r.params}
+                     for r in requests]  # fmt: skip
+            sys.stdout.write(json.dumps(shown, indent=2, default=str) + "\n")
+            if not requests:
+                err.print("the endpoint already serves this image and model: nothing to do")
+            return
 
-            def on_status(line: str) -> None:
-                if line.startswith(("create_endpoint ", "update_endpoint ", "delete_endpoint ")):
-                    sent.append(line)
-                update(line[-160:])
+        def on_status(line: str) -> None:
+            if line.startswith(("create_endpoint ", "update_endpoint ", "delete_endpoint ")):
+                sent.append(line)
+            update(line[-160:])
 
-            with status(f"deploying {cfg.name} ...") as update:
-                state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status)
+        with status(f"deploying {cfg.name} ...") as update:
+            state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status)
     except KeyboardInterrupt:
         if sent:
             err.print(
@@ -492,8 +492,7 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
     from toolkit import sdk
 
     if dry_run:
-        with cloud_errors():
-            plan = sdk.render_serve_local(cfg, model_dir, port)
+        plan = sdk.render_serve_local(cfg, model_dir, port)
         sys.stdout.write(json.dumps(plan, indent=2) + "\n")
         return
 
@@ -505,15 +504,14 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
     signal.signal(signal.SIGINT, interrupt)
     server = None
     try:
-        with cloud_errors():
-            server = sdk.serve_local(cfg, model_dir, port)
-            with status("starting vLLM ...") as update:
-                server.wait_ready(on_status=lambda line: update(f"starting vLLM: {line[-120:]}"))
+        server = sdk.serve_local(cfg, model_dir, port)
+        with status("starting vLLM ...") as update:
+            server.wait_ready(on_status=lambda line: update(f"starting vLLM: {line[-120:]}"))
     except KeyboardInterrupt:
         if server is not None:
             server.stop()
         raise typer.Exit(130) from None
-    assert server is not None  # cloud_errors() exits on every failure
+    assert server is not None  # every failure above has raised
     out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
               f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
     try:
@@ -554,28 +552,27 @@ def invoke(
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)
     try:
-        with cloud_errors():
-            client = sdk.chat_client(cfg, target, url)
-            if wait and (url or target == "local"):
-                with status("waiting for the server ..."):
-                    wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
-            if not stream:
-                reply = client.chat(messages, max_tokens, temperature)
-                if reply.reasoning:  # model text is never read as rich markup
-                    err.print("[dim]reasoning:[/] ", end="")
-                    err.print(reply.reasoning, highlight=False, markup=False)
-                out.print("[dim]answer:[/] ", end="")
-                out.print(reply.content, highlight=False, markup=False)
-            else:
-                parts = {"reasoning": "", "content": ""}
-                for delta in client.stream(messages, max_tokens, temperature):
-                    if not parts[delta.kind]:
-                        label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
-                        (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
-                    parts[delta.kind] += delta.text
-                    (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
-                out.print()
-                reply = ChatReply(parts["content"], parts["reasoning"], "", {})
+        client = sdk.chat_client(cfg, target, url)
+        if wait and (url or target == "local"):
+            with status("waiting for the server ..."):
+                wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
+        if not stream:
+            reply = client.chat(messages, max_tokens, temperature)
+            if reply.reasoning:  # model text is never read as rich markup
+                err.print("[dim]reasoning:[/] ", end="")
+                err.print(reply.reasoning, highlight=False, markup=False)
+            out.print("[dim]answer:[/] ", end="")
+            out.print(reply.content, highlight=False, markup=False)
+        else:
+            parts = {"reasoning": "", "content": ""}
+            for delta in client.stream(messages, max_tokens, temperature):
+                if not parts[delta.kind]:
+                    label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
+                    (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
+                parts[delta.kind] += delta.text
+                (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
+            out.print()
+            reply = ChatReply(parts["content"], parts["reasoning"], "", {})
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     problems = reply_problems(reply) if check else []
@@ -595,8 +592,7 @@ def endpoint_list(config: JobConfig) -> None:
     from toolkit import sdk
 
     table = Table("name", "status", "modified")
-    with cloud_errors():
-        endpoints = sdk.endpoints(load(config, None)).list_endpoints()
+    endpoints = sdk.endpoints(load(config, None)).list_endpoints()
     for item in endpoints:
         table.add_row(item["EndpointName"], item["EndpointStatus"], str(item["LastModifiedTime"]))
     out.print(table)
@@ -607,8 +603,7 @@ def endpoint_describe(config: JobConfig) -> None:
     """Status, serving config, instances and failure reason of the config's endpoint."""
     from toolkit import sdk
 
-    with cloud_errors():
-        description = sdk.endpoints(load(config, None)).describe()
+    description = sdk.endpoints(load(config, None)).describe()
     if description is None:
         fail("the endpoint does not exist: create it with `toolkit deploy`", code=1)
     out.print(f"{description['EndpointName']}: {description['EndpointStatus']}", highlight=False)
@@ -628,8 +623,7 @@ def endpoint_delete(config: JobConfig, yes: YesOpt = False) -> None:
 
     endpoints = sdk.endpoints(load(config, None))
     _confirm(f"Delete endpoint {endpoints.name}?", yes)
-    with cloud_errors():
-        deleted = endpoints.delete()
+    deleted = endpoints.delete()
     out.print("deleted " + ", ".join(deleted) if deleted else f"endpoint {endpoints.name} does not exist")
 
 
@@ -645,8 +639,7 @@ def register(
     from toolkit import sdk
 
     cfg = load(source, set_)
-    with cloud_errors():
-        registration = sdk.register(cfg, job, image_uri, approve)
+    registration = sdk.register(cfg, job, image_uri, approve)
     verb = "registered" if registration.created else "already registered"
     out.print(f"{verb}: {registration.arn} ({registration.status}) in {registration.group}", highlight=False)
 

@@ -124,13 +124,7 @@ class Endpoints:
         return planned
 
     def _model_request(self, image_uri: str, model_data: str) -> Request:
-        container: dict[str, Any] = {"Image": image_uri, "Environment": vllm_environment(self.config)}
-        if model_data.endswith("/"):  # an uncompressed S3 prefix: no tarball to unpack, faster for large models
-            container["ModelDataSource"] = {
-                "S3DataSource": {"S3Uri": model_data, "S3DataType": "S3Prefix", "CompressionType": "None"}
-            }
-        else:
-            container["ModelDataUrl"] = model_data
+        container = {"Image": image_uri, "Environment": vllm_environment(self.config), **model_data_fields(model_data)}
         return Request(
             "create_model",
             {"ExecutionRoleArn": self.config.aws.role, "PrimaryContainer": container, "Tags": self._tags()},
@@ -341,6 +335,15 @@ def _digest(value: Any) -> str:
 
 def _resource_name(request: Request) -> str:
     return next((v for k, v in request.params.items() if k.endswith("Name") and isinstance(v, str)), "")
+
+
+def model_data_fields(model_data: str) -> dict[str, Any]:
+    """A container's model data: an uncompressed S3 prefix (what training jobs write: nothing to unpack, and no
+    download-timeout risk for a 40-240 GB merged model) or a model.tar.gz."""
+    if model_data.endswith("/"):
+        return {"ModelDataSource": {"S3DataSource": {"S3Uri": model_data, "S3DataType": "S3Prefix",
+                                                     "CompressionType": "None"}}}  # fmt: skip
+    return {"ModelDataUrl": model_data}
 
 
 def model_data(config: Config, explicit: str | None = None) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.deploy import DeployError, vllm_environment
+from toolkit.deploy.endpoint import model_data_fields
+from toolkit.targets.training_job import model_artifacts
 
 APPROVAL = {True: "Approved", False: "PendingManualApproval"}
 
@@ -87,8 +89,8 @@ def register(
             "Containers": [
                 {
                     "Image": image_uri,
-                    "ModelDataUrl": job["ModelArtifacts"]["S3ModelArtifacts"],
                     "Environment": vllm_environment(config),
+                    **model_data_fields(model_artifacts(job)["model"]),
                 }
             ],
             "SupportedContentTypes": ["application/json"],

@@ -159,6 +159,9 @@ class SlurmOrchestrator:
         return SlurmJob(submitted.stdout.strip().split(";")[0], root)
 
     def attach(self, config: Config, job_name: str) -> SlurmJob:
+        shown = _run("scontrol", "show", "job", job_name, "--oneliner")
+        if shown.returncode != 0 and "invalid job id" in shown.stderr.lower():
+            raise TargetError(f"no such Slurm job {job_name!r} (scontrol: {shown.stderr.strip()}); see `squeue`")
         return SlurmJob(job_name, job_dir(config))
 
 

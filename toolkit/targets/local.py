@@ -125,7 +125,13 @@ class LocalTarget:
         return LocalJob(config.name, root, process)
 
     def attach(self, config: Config, job_name: str) -> LocalJob:
-        return LocalJob(job_name, job_root(config))
+        root = job_root(config)
+        if job_name != config.name or not settings_file(root).exists():
+            raise TargetError(
+                f"no such local job {job_name!r}: a local job is named after its config and lives in "
+                f"local.output_dir ({root}); start it with `toolkit train {config.name} --target local`"
+            )
+        return LocalJob(job_name, root)
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:

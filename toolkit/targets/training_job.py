@@ -231,7 +231,19 @@ class TrainingJobTarget:
         return TrainingJob(job_name, config, boto_session)
 
     def attach(self, config: Config, job_name: str) -> TrainingJob:
-        return TrainingJob(job_name, config, aws.session(config.aws))
+        from botocore.exceptions import ClientError
+
+        job = TrainingJob(job_name, config, aws.session(config.aws))
+        try:
+            job.describe()
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] in ("ValidationException", "ResourceNotFound"):
+                raise TargetError(
+                    f"no such training job {job_name!r} in {config.aws.region}: list them with "
+                    f"`toolkit jobs list -c {config.name}`"
+                ) from None
+            raise
+        return job
 
     def list(self, config: Config, limit: int = 20) -> list[dict]:
         client = aws.client(config.aws, "sagemaker")
@@ -287,6 +299,8 @@ class TrainingJobTarget:
             default_bucket=config.aws.bucket,
             default_bucket_prefix=config.aws.prefix,
         )
+        if not dry_run:  # the SDK would create a missing bucket on its own: the toolkit's bucket must exist
+            aws.require_bucket(config.aws, boto_session)
         environment = token_environment(config, boto_session, dry_run)  # before any upload: fails early
         channels = self._channels(config, boto_session, dry_run)
         trainer = ModelTrainer(

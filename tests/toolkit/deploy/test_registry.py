@@ -23,7 +23,8 @@ def test_register_records_the_latest_job_once_and_approval_is_applied_on_rerun(a
     sagemaker = boto3.client("sagemaker", region_name="us-east-1")
     package = sagemaker.describe_model_package(ModelPackageName=first.arn)
     container = package["InferenceSpecification"]["Containers"][0]
-    assert container["Image"] == IMAGE and container["ModelDataUrl"] == model_data
+    assert container["Image"] == IMAGE  # the job's uncompressed model prefix, as the endpoint serves it
+    assert container["ModelDataSource"]["S3DataSource"]["S3Uri"] == model_data
     metadata = package["CustomerMetadataProperties"]
     assert metadata["training_job"] == "tiny-gpt-oss-local-20261130-1"
     assert metadata["base_model"] == "builtin:tiny-gpt-oss" and metadata["lora"] == "r=8 alpha=16"

@@ -1,0 +1,69 @@
+"""One map from a failure to its exit code and its one-line message, for every command.
+
+Exit codes: 0 success; 1 the job or operation failed (a training job, a deployment, an AWS call that AWS
+refused for a reason other than the input); 2 bad input or a missing resource (config, data, arguments, a
+bucket/job/secret that does not exist, credentials, an endpoint that cannot be reached); 130 interrupted.
+The CLI applies it once, around every command (`toolkit.cli`); SDK callers get the exceptions themselves.
+"""
+
+from __future__ import annotations
+
+FAILED, BAD_INPUT, INTERRUPTED = 1, 2, 130
+
+# AWS error codes that mean "the input names something that is not there, or is malformed"
+MISSING_OR_INVALID = {
+    "NoSuchBucket", "NoSuchKey", "404", "NotFound", "ResourceNotFoundException", "ResourceNotFound",
+    "ValidationException", "ValidationError", "InvalidBucketName", "NoSuchEntity", "RepositoryNotFoundException",
+    "AccessDenied", "AccessDeniedException", "UnrecognizedClientException", "InvalidClientTokenId",
+    "ExpiredToken", "ExpiredTokenException", "AuthFailure",
+}  # fmt: skip
+HINTS = {
+    "NoSuchBucket": "create it with `toolkit infra deploy`, or set aws.bucket to an existing bucket",
+    "InvalidBucketName": "set aws.bucket to a valid S3 bucket name",
+    "AccessDenied": "your credentials (or the execution role) lack this permission",
+    "AccessDeniedException": "your credentials (or the execution role) lack this permission",
+    "ExpiredToken": "refresh your credentials (`aws sso login`)",
+    "ExpiredTokenException": "refresh your credentials (`aws sso login`)",
+}
+
+
+def classify(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for a failure the toolkit knows, or None for a bug (which keeps its traceback)."""
+    from toolkit.aws import AwsError
+    from toolkit.config import ConfigError
+    from toolkit.deploy import DeployError
+    from toolkit.entrypoints.data import DataError
+    from toolkit.infra import InfraError
+    from toolkit.targets.base import TargetError
+
+    if isinstance(exc, KeyboardInterrupt):
+        return INTERRUPTED, "interrupted"
+    if isinstance(exc, ConfigError | DataError | AwsError | TargetError):
+        return BAD_INPUT, str(exc)
+    if isinstance(exc, DeployError | InfraError):
+        return FAILED, str(exc)
+    return _classify_cloud(exc)
+
+
+def _classify_cloud(exc: BaseException) -> tuple[int, str] | None:
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+    except ImportError:  # without the aws extra nothing can raise these
+        return None
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", "ClientError"))
+        operation = getattr(exc, "operation_name", "") or "the AWS call"
+        resource = error.get("BucketName") or error.get("Key") or ""
+        message = f"{operation} failed: {code}: {error.get('Message') or exc}"
+        message += f" ({resource})" if resource else ""
+        message += f"; {HINTS[code]}" if code in HINTS else ""
+        return (BAD_INPUT if code in MISSING_OR_INVALID else FAILED), message
+    if isinstance(exc, EndpointConnectionError):
+        where = exc.kwargs.get("endpoint_url")
+        return BAD_INPUT, f"cannot reach {where}: check aws.region / aws.endpoint_url and the network"
+    if isinstance(exc, NoCredentialsError):
+        return BAD_INPUT, "no AWS credentials found: run `aws configure` or `aws sso login`, or export AWS_PROFILE"
+    if isinstance(exc, BotoCoreError):
+        return BAD_INPUT, str(exc)
+    return None
