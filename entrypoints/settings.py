@@ -166,6 +166,16 @@ class TrainSettings(StrictModel):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
 
+    @model_validator(mode="after")
+    def _budget_holds_a_row(self) -> TrainSettings:
+        budget = self.training.tokens_per_micro_batch
+        if self.training.packing and budget is not None and budget < self.data.max_length:
+            raise ValueError(
+                f"training.tokens_per_micro_batch ({budget}) is below data.max_length ({self.data.max_length}): "
+                "a row that long fits no micro-batch; raise the budget or lower data.max_length"
+            )
+        return self
+
 
 TRAIN_SECTIONS = tuple(TrainSettings.model_fields)
 

@@ -46,7 +46,7 @@ def test_closed_port_is_one_line_and_exit_2(tmp_path):
     config = tmp_path / "job.yaml"
     config.write_text(
         "base: gpt-oss-20b-lora\n"
-        f"aws: {{role: 'arn:aws:iam::123456789012:role/x', bucket: b, endpoint_url: 'http://127.0.0.1:{closed}'}}\n"
+        f"aws: {{role: 'arn:aws:iam::123456789012:role/x', bucket: toolkit-b, endpoint_url: 'http://127.0.0.1:{closed}'}}\n"
     )
     env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_EC2_METADATA_DISABLED": "true"}
     for verb in (

@@ -22,6 +22,11 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_SHAPES = {
     "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}\b"),
     "an AWS access key id": re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"),
+    # 40 characters of base64 with upper case, lower case and a digit (a hex commit hash has no upper case)
+    "an AWS secret access key": re.compile(
+        r"(?<![A-Za-z0-9/+=])(?=[A-Za-z0-9/+]*[A-Z])(?=[A-Za-z0-9/+]*[a-z])(?=[A-Za-z0-9/+]*[0-9])"
+        r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"
+    ),
 }
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+import string
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from toolkit.config.instances import MODEL_PARAMS_B, instance
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
@@ -13,11 +14,31 @@ from toolkit.entrypoints.settings import StrictModel, TrainSettings
 TargetName = Literal["local", "training-job", "hyperpod"]
 
 
+def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
+    """A path template may use only the placeholders it is filled with (else a KeyError at launch)."""
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+    except ValueError as exc:
+        raise ValueError(f"{field}: {value!r} is not a valid template ({exc}); write {{ as {{{{") from None
+    unknown = sorted(used - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {value!r}; "
+            f"allowed: {', '.join('{' + a + '}' for a in allowed)}"
+        )
+    return value
+
+
 class LocalTarget(StrictModel):
     """Run the entrypoint on this machine under torchrun, in an /opt/ml-style tree."""
 
     nproc_per_node: int = Field(1, ge=1, description="Processes (one per GPU; CPU: gloo).")
     output_dir: str = Field("runs/{name}", description="Where artifacts land; {name} is the config name.")
+
+    @field_validator("output_dir")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return check_placeholders(value, "local.output_dir", ("name",))
 
 
 class TrainingJobTarget(StrictModel):
@@ -71,6 +92,11 @@ class HyperPodTarget(StrictModel):
     image: str | None = Field(None, description="Container image (EKS; Slurm with pyxis).")
     fsx: FsxSettings = Field(default_factory=FsxSettings)
     job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
+
+    @field_validator("job_dir")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        return check_placeholders(value, "hyperpod.job_dir", ("mount_path", "name"))
     namespace: str = Field("default", description="EKS namespace.")
     kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")
@@ -181,6 +207,10 @@ class ServingSettings(StrictModel):
                 f"serving.volume_size_gb: {self.instance_type} serves from its NVMe instance storage and SageMaker "
                 "refuses an EBS volume size for it: remove serving.volume_size_gb"
             )
+        if self.model_data and not self.model_data.startswith("s3://"):
+            raise ValueError(
+                f"serving.model_data: {self.model_data!r} is not an s3:// URI (a model.tar.gz or a prefix ending in /)"
+            )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
         return self
@@ -202,6 +232,15 @@ class AwsSettings(StrictModel):
     def _check(self) -> AwsSettings:
         if self.role and not re.fullmatch(r"arn:aws[\w-]*:iam::\d{12}:role/.+", self.role):
             raise ValueError("aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name")
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", self.region):
+            raise ValueError(f"aws.region: {self.region!r} is not an AWS region name (like us-east-1, eu-west-2)")
+        if self.bucket and not (
+            re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", self.bucket) and ".." not in self.bucket
+        ):
+            raise ValueError(
+                f"aws.bucket: {self.bucket!r} is not a valid S3 bucket name: 3-63 lowercase letters, digits, dots "
+                "and hyphens, starting and ending with a letter or digit"
+            )
         return self
 
 
@@ -228,6 +267,16 @@ class Config(TrainSettings):
             raise ValueError(
                 "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
                 "training_job.security_group_ids"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _serving_context_holds_a_training_row(self) -> Config:
+        if self.serving.max_model_len < self.data.max_length:
+            raise ValueError(
+                f"serving.max_model_len ({self.serving.max_model_len}) is below data.max_length "
+                f"({self.data.max_length}): a conversation as long as the training rows would be refused; "
+                "raise serving.max_model_len"
             )
         return self
 
