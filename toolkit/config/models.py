@@ -97,6 +97,7 @@ class HyperPodTarget(StrictModel):
     @classmethod
     def _template(cls, value: str) -> str:
         return check_placeholders(value, "hyperpod.job_dir", ("mount_path", "name"))
+
     namespace: str = Field("default", description="EKS namespace.")
     kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")
