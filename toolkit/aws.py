@@ -18,6 +18,15 @@ class AwsError(Exception):
     """An AWS precondition or call failed; the message says what to do."""
 
 
+def partition(region: str) -> str:
+    """The ARN partition of a region."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
 def endpoint_url(settings: AwsSettings) -> str | None:
     return settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
 

@@ -328,16 +328,24 @@ def infra_deploy(
     name_prefix: Annotated[str, typer.Option(help="Prefix of every resource name.")] = "toolkit",
     kms: Annotated[bool, typer.Option("--kms", help="Create and use a customer-managed KMS key.")] = False,
     hf_token_secret: Annotated[str, typer.Option(help="Secrets Manager name of the HF token.")] = "hf-token",
+    data_bucket: Annotated[
+        list[str] | None, typer.Option("--data-bucket", help="Another bucket jobs may read data from (repeatable).")
+    ] = None,
+    vpc: Annotated[bool, typer.Option("--vpc", help="Let jobs run in your VPC (needed for fsx:// data).")] = False,
     yes: YesOpt = False,
 ) -> None:
-    """Create or update the stack: show the changes, then apply them with progress."""
+    """Create or update the stack: show the parameters and changes, then apply them with progress."""
     from rich.table import Table
 
     from toolkit import infra
     from toolkit.aws import AwsError
 
     settings = _aws_settings(config)
-    parameters = {"NamePrefix": name_prefix, "CreateKmsKey": str(kms).lower(), "HfTokenSecretName": hf_token_secret}
+    parameters = infra.parameters(settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc)
+    shown = Table("parameter", "value", title=f"stack {stack} parameters")
+    for key, value in parameters.items():
+        shown.add_row(key, value or "-")
+    out.print(shown)
     try:
         planned = infra.plan(settings, stack, parameters)
         if not planned.changes and planned.change_set is not None:

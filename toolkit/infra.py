@@ -87,6 +87,22 @@ def plan(settings: AwsSettings, stack: str, parameters: dict[str, str], template
     return Plan(stack, parameters, body, changes, change_set=created["Id"])
 
 
+def parameters(
+    settings: AwsSettings, name_prefix: str, kms: bool, hf_token_secret: str, data_buckets: list[str], vpc: bool
+) -> dict[str, str]:
+    """The stack's parameters; each extra data bucket becomes its bucket and objects ARNs (read-only access)."""
+    partition = aws.partition(settings.region)
+    arns = [arn for name in data_buckets for arn in (f"arn:{partition}:s3:::{name}", f"arn:{partition}:s3:::{name}/*")]
+    return {
+        "NamePrefix": name_prefix,
+        "KeyPrefix": settings.prefix,
+        "CreateKmsKey": str(kms).lower(),
+        "HfTokenSecretName": hf_token_secret,
+        "DataBucketArns": ",".join(arns),
+        "EnableVpc": str(vpc).lower(),
+    }
+
+
 def _parameters(values: dict[str, str]) -> list[dict[str, str]]:
     return [{"ParameterKey": k, "ParameterValue": v} for k, v in values.items()]
 
@@ -98,6 +114,8 @@ def _resources_to_add(body: str, parameters: dict[str, str]) -> list[Change]:
     values = {**defaults, **parameters}
     holds = {}
     for name, condition in template.get("Conditions", {}).items():
+        if "Fn::Equals" not in condition:  # conditions on statements, not resources
+            continue
         left, right = condition["Fn::Equals"]
         holds[name] = str(values.get(left.get("Ref"), left) if isinstance(left, dict) else left) == str(right)
     return [

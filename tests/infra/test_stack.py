@@ -15,7 +15,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from toolkit import infra
+from tests.infra.policy import Stack
+from toolkit import aws, infra
 from toolkit.cli import app
 from toolkit.config import load_config
 from toolkit.config.models import AwsSettings
@@ -43,17 +44,19 @@ def test_cfn_lint_passes():
 
 
 def test_no_wildcard_action_on_wildcard_resource():
-    resources = template()["Resources"]
-    documents = [p["PolicyDocument"] for p in resources["ExecutionRole"]["Properties"]["Policies"]]
-    documents.append(resources["KmsPolicy"]["Properties"]["PolicyDocument"])
-    allows = [s for d in documents for s in statements(d) if s["Effect"] == "Allow"]
+    parameters = infra.parameters(AwsSettings(), "toolkit", True, "hf-token", ["my-team-bucket"], vpc=True)
+    allows = [s for s in Stack("us-east-1", parameters=parameters).role().statements if s["Effect"] == "Allow"]
     assert allows
+    unscoped = {  # actions AWS cannot scope to a resource, named one by one
+        "ecr:GetAuthorizationToken", "cloudwatch:PutMetricData", "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
+        "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups",
+    }  # fmt: skip
     for statement in allows:
         actions, targets = as_list(statement["Action"]), as_list(statement["Resource"])
         assert not any(a == "*" or a.endswith(":*") for a in actions), statement
-        if "*" in targets:  # only actions AWS cannot scope to a resource, and named one by one
-            assert set(actions) <= {"ecr:GetAuthorizationToken", "cloudwatch:PutMetricData"}, statement
-    role = resources["ExecutionRole"]["Properties"]
+        if "*" in targets:
+            assert set(actions) <= unscoped, statement
+    role = template()["Resources"]["ExecutionRole"]["Properties"]
     assert "ManagedPolicyArns" not in role  # no AmazonSageMakerFullAccess
 
 
@@ -123,3 +126,102 @@ def test_non_interactive_deploy_needs_yes(aws_env):
 
 def test_template_path_ships_with_the_repo():
     assert Path(infra.TEMPLATE).is_file()
+
+
+# -- what the role allows, evaluated (tests/infra/policy.py) -------------------------------------------------------
+
+
+def dlc_catalogue() -> dict[str, str]:
+    import json
+    from importlib import resources
+
+    from toolkit.targets.training_job import TRAINING_DLC
+
+    catalogue = json.loads((resources.files("sagemaker.core") / "image_uri_config" / "pytorch.json").read_text())
+    return catalogue["training"]["versions"][TRAINING_DLC["version"]]["registries"]
+
+
+def test_the_dlc_registry_mapping_is_the_sdks_catalogue():
+    mapping = {region: row["Account"] for region, row in template()["Mappings"]["DlcRegistry"].items()}
+    assert mapping == dlc_catalogue()
+
+
+def training_job_needs(stack: Stack) -> list[tuple[str, str, dict]]:
+    p, r, a = aws.partition(stack.region), stack.region, stack.account
+    bucket = f"arn:{p}:s3:::toolkit-{a}-{r}"
+    dlc = dlc_catalogue()[r]
+    return [
+        ("s3:GetObject", f"{bucket}/toolkit/data/abc/chat.jsonl", {}),
+        ("s3:GetObject", f"{bucket}/toolkit/code/job/entrypoints/train.py", {}),
+        ("s3:PutObject", f"{bucket}/toolkit/output/job/output/model/merged/model.safetensors", {}),
+        ("s3:PutObject", f"{bucket}/toolkit/checkpoints/job/checkpoint-10/adapter_model.safetensors", {}),
+        ("s3:ListBucket", bucket, {"s3:prefix": "toolkit/checkpoints/job/"}),
+        ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
+        ("ecr:GetDownloadUrlForLayer", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
+        ("ecr:GetAuthorizationToken", "*", {}),
+        ("logs:CreateLogStream", f"arn:{p}:logs:{r}:{a}:log-group:/aws/sagemaker/TrainingJobs:log-stream:j", {}),
+        ("logs:PutLogEvents", f"arn:{p}:logs:{r}:{a}:log-group:/aws/sagemaker/TrainingJobs:log-stream:j", {}),
+        ("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}),
+        ("secretsmanager:GetSecretValue", f"arn:{p}:secretsmanager:{r}:{a}:secret:hf-token-AbCdEf", {}),
+    ]
+
+
+def endpoint_needs(stack: Stack) -> list[tuple[str, str, dict]]:
+    p, r, a = aws.partition(stack.region), stack.region, stack.account
+    return [
+        ("s3:GetObject", f"arn:{p}:s3:::toolkit-{a}-{r}/toolkit/output/job/output/model/merged/config.json", {}),
+        ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:{a}:repository/toolkit-serving", {}),
+        ("logs:PutLogEvents", f"arn:{p}:logs:{r}:{a}:log-group:/aws/sagemaker/Endpoints/e:log-stream:x", {}),
+    ]
+
+
+def must_be_denied(stack: Stack) -> list[tuple[str, str, dict]]:
+    p, r, a = aws.partition(stack.region), stack.region, stack.account
+    bucket = f"arn:{p}:s3:::toolkit-{a}-{r}"
+    return [
+        ("s3:GetObject", f"arn:{p}:s3:::someone-elses-bucket/secret.csv", {}),
+        ("s3:PutObject", f"{bucket}/not-the-prefix/x", {}),
+        ("s3:DeleteBucket", bucket, {}),
+        ("s3:PutObject", f"arn:{p}:s3:::my-team-bucket/datasets/x", {}),  # data buckets are read-only
+        ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:999988887777:repository/pytorch-training", {}),
+        ("ecr:PutImage", f"arn:{p}:ecr:{r}:{a}:repository/toolkit-serving", {}),
+        ("secretsmanager:GetSecretValue", f"arn:{p}:secretsmanager:{r}:{a}:secret:prod-db-password-AbCdEf", {}),
+        ("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "Billing"}),
+        ("iam:PassRole", f"arn:{p}:iam::{a}:role/admin", {}),
+        ("sagemaker:CreateTrainingJob", f"arn:{p}:sagemaker:{r}:{a}:training-job/x", {}),
+    ]
+
+
+@pytest.mark.parametrize("region", sorted(dlc_catalogue()))
+def test_the_role_allows_every_documented_path_and_nothing_else(region):
+    stack = Stack(region, parameters={"KeyPrefix": "toolkit"})
+    role = stack.role()
+    for action, resource, context in training_job_needs(stack) + endpoint_needs(stack):
+        assert role.allows(action, resource, context), (region, action, resource)
+    for action, resource, context in must_be_denied(stack):
+        assert not role.allows(action, resource, context), (region, action, resource)
+    # optional paths are closed until asked for
+    p = aws.partition(region)
+    assert not role.allows("s3:GetObject", f"arn:{p}:s3:::my-team-bucket/datasets/x")
+    assert not role.allows("ec2:CreateNetworkInterface", f"arn:{p}:ec2:{region}:{stack.account}:subnet/subnet-1")
+
+
+def test_optional_paths_open_when_asked_for():
+    settings = AwsSettings(region="us-west-2")
+    parameters = infra.parameters(settings, "toolkit", True, "hf-token", ["my-team-bucket"], vpc=True)
+    stack = Stack("us-west-2", parameters=parameters)
+    role = stack.role()
+    a = stack.account
+    assert role.allows("s3:GetObject", "arn:aws:s3:::my-team-bucket/datasets/support/part-0.parquet")
+    assert role.allows("s3:ListBucket", "arn:aws:s3:::my-team-bucket")
+    assert not role.allows("s3:PutObject", "arn:aws:s3:::my-team-bucket/datasets/x")
+    for action, resource in (
+        ("ec2:CreateNetworkInterface", f"arn:aws:ec2:us-west-2:{a}:network-interface/*"),
+        ("ec2:CreateNetworkInterface", f"arn:aws:ec2:us-west-2:{a}:subnet/subnet-1"),
+        ("ec2:DescribeSubnets", "*"),
+        ("ec2:DeleteNetworkInterface", f"arn:aws:ec2:us-west-2:{a}:network-interface/eni-1"),
+        ("kms:GenerateDataKey", f"arn:aws:kms:us-west-2:{a}:key/0000-key"),
+    ):
+        assert role.allows(action, resource), action
+    assert not role.allows("ec2:RunInstances", f"arn:aws:ec2:us-west-2:{a}:instance/*")
+    assert not role.allows("ec2:CreateNetworkInterface", "arn:aws:ec2:us-west-2:999988887777:subnet/subnet-1")

@@ -224,6 +224,10 @@ class AwsSettings(StrictModel):
     role: str | None = Field(None, description="SageMaker execution role ARN.")
     bucket: str | None = Field(None, description="S3 bucket for code, data and artifacts.")
     prefix: str = Field("toolkit", description="Key prefix inside the bucket.")
+    data_buckets: list[str] = Field(
+        default_factory=list,
+        description="Other buckets the execution role may read data from (`toolkit infra deploy --data-bucket`).",
+    )
     endpoint_url: str | None = Field(None, description="Override every AWS endpoint (e.g. a local emulator).")
     registry_url: str | None = Field(
         None, description="Override the ECR registry that images are pushed to (e.g. http://127.0.0.1:5000)."
@@ -268,6 +272,19 @@ class Config(TrainSettings):
             raise ValueError(
                 "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
                 "training_job.security_group_ids"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _data_bucket_is_readable(self) -> Config:
+        source = self.data.source
+        if self.target != "training-job" or not source.startswith("s3://") or not self.aws.bucket:
+            return self
+        bucket = source[len("s3://") :].split("/", 1)[0]
+        if bucket != self.aws.bucket and bucket not in self.aws.data_buckets:
+            raise ValueError(
+                f"data.source is in bucket {bucket!r}, which the execution role cannot read: add it to "
+                f"aws.data_buckets and grant it with `toolkit infra deploy --data-bucket {bucket}`"
             )
         return self
 

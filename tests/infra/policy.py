@@ -1,0 +1,155 @@
+"""A small IAM policy evaluator for infra/toolkit.yaml's execution role (no maintained offline evaluator is on
+PyPI; IAM's own SimulatePrincipalPolicy needs AWS, and moto does not implement it).
+
+It resolves the template's intrinsic functions for concrete parameters, account and region, gathers the role's
+statements (inline policies, and the VPC/KMS policies when their conditions hold), and decides a request the way
+IAM does for the forms the template uses: explicit Deny wins; an Allow matches on Action and Resource wildcards
+and on StringEquals / StringLike / Bool conditions (a condition whose key the request lacks does not match).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from toolkit import aws, infra
+
+NO_VALUE = object()
+
+
+@dataclass
+class Role:
+    statements: list[dict]
+
+    def allows(self, action: str, resource: str, context: dict[str, str] | None = None) -> bool:
+        context = context or {}
+        matching = [s for s in self.statements if _matches(s, action, resource, context)]
+        return any(s["Effect"] == "Allow" for s in matching) and not any(s["Effect"] == "Deny" for s in matching)
+
+
+@dataclass
+class Stack:
+    region: str
+    account: str = "111122223333"
+    parameters: dict[str, str] = field(default_factory=dict)
+
+    def role(self) -> Role:
+        template = yaml.load(infra.TEMPLATE.read_text(), Loader=infra._CfnLoader)
+        self.template = template
+        self.values = {k: v.get("Default", "") for k, v in template["Parameters"].items()} | self.parameters
+        self.conditions = {name: bool(self.resolve(c)) for name, c in template["Conditions"].items()}
+        resources = template["Resources"]
+        documents = [p["PolicyDocument"] for p in resources["ExecutionRole"]["Properties"]["Policies"]]
+        for name in ("VpcPolicy", "KmsPolicy"):
+            if self.conditions[resources[name]["Condition"]]:
+                documents.append(resources[name]["Properties"]["PolicyDocument"])
+        statements = []
+        for document in documents:
+            for statement in self.resolve(document["Statement"]):
+                if statement is not NO_VALUE:
+                    statements.append(statement)
+        return Role(statements)
+
+    # -- intrinsic functions -------------------------------------------------------------------------------------
+
+    def pseudo(self, name: str) -> Any:
+        partition = aws.partition(self.region)
+        bucket = f"{self.values['NamePrefix']}-{self.account}-{self.region}"
+        known = {
+            "AWS::Region": self.region, "AWS::AccountId": self.account, "AWS::Partition": partition,
+            "AWS::NoValue": NO_VALUE, "ArtifactBucket": bucket,
+        }  # fmt: skip
+        if name in known:
+            return known[name]
+        value = self.values[name]
+        if self.template["Parameters"][name]["Type"] == "CommaDelimitedList":
+            return [item for item in str(value).split(",")] if value != "" else [""]
+        return str(value)
+
+    def attribute(self, resource: str, name: str) -> str:
+        partition, region, account = aws.partition(self.region), self.region, self.account
+        prefix = self.values["NamePrefix"]
+        arns = {
+            "ArtifactBucket": f"arn:{partition}:s3:::{prefix}-{account}-{region}",
+            "Repository": f"arn:{partition}:ecr:{region}:{account}:repository/{prefix}-serving",
+            "Key": f"arn:{partition}:kms:{region}:{account}:key/0000-key",
+            "ExecutionRole": f"arn:{partition}:iam::{account}:role/{prefix}-sagemaker-execution",
+        }
+        assert name == "Arn", (resource, name)
+        return arns[resource]
+
+    def resolve(self, node: Any) -> Any:
+        if isinstance(node, list):
+            return [item for value in node for item in self._spread(self.resolve(value))]
+        if not isinstance(node, dict):
+            return node
+        if len(node) == 1:
+            ((key, value),) = node.items()
+            if key == "Ref":
+                return self.pseudo(value)
+            if key == "Fn::GetAtt":
+                return self.attribute(*value)
+            if key == "Fn::Sub":
+                text, variables = (value, {}) if isinstance(value, str) else value
+                return self._sub(text, {k: self.resolve(v) for k, v in variables.items()})
+            if key == "Fn::FindInMap":
+                table, first, second = (self.resolve(v) for v in value)
+                return self.template["Mappings"][table][first][second]
+            if key == "Fn::If":
+                name, then, otherwise = value
+                return self.resolve(then if self.conditions[name] else otherwise)
+            if key == "Fn::Equals":
+                left, right = (self.resolve(v) for v in value)
+                return left == right
+            if key == "Fn::Not":
+                return not self.resolve(value[0])
+            if key == "Fn::Join":
+                delimiter, items = value
+                return delimiter.join(str(i) for i in self.resolve(items))
+            if key == "Condition":
+                return self.conditions[value]
+        return {k: self.resolve(v) for k, v in node.items()}
+
+    @staticmethod
+    def _spread(value: Any) -> list:
+        return [value]
+
+    def _sub(self, text: str, variables: dict[str, Any]) -> str:
+        import re
+
+        def replace(match: re.Match) -> str:
+            name = match.group(1)
+            if name in variables:
+                return str(variables[name])
+            if "." in name:
+                return self.attribute(*name.split(".", 1))
+            return str(self.pseudo(name))
+
+        return re.sub(r"\$\{([^}]+)\}", replace, text)
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _matches(statement: dict, action: str, resource: str, context: dict[str, str]) -> bool:
+    actions = [a.lower() for a in _as_list(statement["Action"])]
+    if not any(fnmatch.fnmatchcase(action.lower(), pattern) for pattern in actions):
+        return False
+    if not any(fnmatch.fnmatchcase(resource, pattern) for pattern in _as_list(statement["Resource"])):
+        return False
+    for operator, tests in statement.get("Condition", {}).items():
+        for key, expected in tests.items():
+            if key not in context:
+                return False
+            actual, wanted = context[key], [str(e) for e in _as_list(expected)]
+            if operator == "StringLike" and not any(fnmatch.fnmatchcase(actual, w) for w in wanted):
+                return False
+            if operator in ("StringEquals", "Bool") and actual not in wanted:
+                return False
+            if operator not in ("StringLike", "StringEquals", "Bool"):
+                raise NotImplementedError(f"condition operator {operator} (extend tests/infra/policy.py)")
+    return True
