@@ -1,5 +1,6 @@
-"""A small IAM policy evaluator for infra/toolkit.yaml's execution role (no maintained offline evaluator is on
-PyPI; IAM's own SimulatePrincipalPolicy needs AWS, and moto does not implement it).
+"""A small IAM policy evaluator for infra/toolkit.yaml's execution role. None was found on PyPI (the maintained
+offline simulator is npm's @cloud-copilot/iam-simulate); IAM's SimulatePrincipalPolicy needs AWS, and moto
+does not implement it.
 
 It resolves the template's intrinsic functions for concrete parameters, account and region, gathers the role's
 statements (inline policies, and the VPC/KMS policies when their conditions hold), and decides a request the way

@@ -288,3 +288,63 @@ def test_local_server_in_the_background_stops_cleanly_on_sigint(trained, tmp_pat
     time.sleep(1)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # the server and its engine are gone
+
+
+def malformed_bodies() -> list[bytes]:
+    """A bounded, seeded set of broken requests: bad JSON, wrong types, missing and absurd fields, odd bytes."""
+    import random
+
+    rng = random.Random(0)
+    good = {"model": "tiny-gpt-oss-local", "messages": QUESTION, "max_tokens": 4}
+    bodies = [b"", b"{", b"[]", b"null", b"42", b'"text"', b"{not json", b"\xff\xfe\x00", b'{"messages": 1}']
+    for field, values in {
+        "messages": [None, [], "hi", [{}], [{"role": "wizard", "content": "x"}], [{"role": "user"}], [1, 2]],
+        "max_tokens": [-1, 0, "many", 10**12, None, 1.5],
+        "temperature": [-1, "hot", 1e9],
+        "model": [None, 7, "x" * 10_000],
+        "stream": ["yes", 3],
+        "n": [0, -5],
+    }.items():
+        for value in values:
+            bodies.append(json.dumps({**good, field: value}).encode())
+    for _ in range(60):  # random byte flips of a valid request
+        raw = bytearray(json.dumps(good).encode())
+        for _ in range(rng.randint(1, 6)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+        bodies.append(bytes(raw))
+    bodies.append(b"[" * 50 + b"]" * 50)  # nested, but not deep enough to exhaust Python's recursion limit
+    return bodies
+
+
+def test_malformed_requests_get_4xx_and_the_server_stays_up(server, trained):
+    """No malformed request makes the server answer 5xx or fall over (bounded: ~100 requests, loopback). Known
+    exception, vLLM's: JSON nested 1,000+ deep hits a RecursionError in its SageMaker layer (500), asserted apart
+    so that a fix upstream shows here."""
+    cfg, _ = trained
+    server_errors = []
+    for body in malformed_bodies():
+        for route in ("/invocations", "/v1/chat/completions"):
+            request = urllib.request.Request(
+                server.url + route, data=body, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    status = response.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            if status >= 500:
+                server_errors.append((route, body[:80], status))
+    assert server_errors == []
+    deep = b"[" * 5000 + b"]" * 5000
+    assert 400 <= raw_status(server.url + "/v1/chat/completions", deep) < 500
+    assert raw_status(server.url + "/invocations", deep) == 500  # vLLM's SageMaker layer: RecursionError
+    assert raw_status(server.url + "/invocations", chat_body(cfg.name)) == 200  # still serving
+
+
+def raw_status(url: str, body: bytes) -> int:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
