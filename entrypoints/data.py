@@ -7,6 +7,7 @@ channel, through the closing <|return|>): the loss trains exactly what the model
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from .settings import SAMPLE_DATASET, DataSettings
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100
 TOKENIZED_COLUMNS = ("input_ids", "labels")
+UNREADABLE = "__unreadable__"  # a row that could not be parsed: the reason, reported like any bad row
 
 
 class DataError(Exception):
@@ -59,7 +61,10 @@ def load_rows(source: str | Path, split: str = "train"):
         return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
     if path.exists():
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        for kind, suffixes in (("json", (".jsonl", ".json")), ("parquet", (".parquet",))):
+        json_files = [p for p in files if p.suffix in (".jsonl", ".json")]
+        if json_files:
+            return read_json_rows(source, json_files)
+        for kind, suffixes in (("parquet", (".parquet",)),):
             matching = [str(p) for p in files if p.suffix in suffixes]
             if matching:
                 try:
@@ -75,6 +80,47 @@ def load_rows(source: str | Path, split: str = "train"):
         raise DataError(f"{source}: not a local path, and loading it from the hub failed: {_first_line(exc)}") from exc
 
 
+class Rows(list):
+    """Rows read line by line (JSON Lines): a line that is not UTF-8 or not JSON becomes a bad row with its line
+    number, so one broken line fails with a reason (or is skipped with data.skip_bad_rows) instead of the file."""
+
+    @property
+    def column_names(self) -> list[str]:
+        return sorted({key for row in self for key in row if key != UNREADABLE})
+
+
+def read_json_rows(source: str | Path, files: list[Path]) -> Rows:
+    rows = Rows()
+    for file in files:
+        raw = file.read_bytes()
+        if file.suffix == ".json" and raw.lstrip()[:1] == b"[":  # one JSON array of rows
+            try:
+                items = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise DataError(f"{file}: not a valid JSON file ({exc})") from None
+            lines = [(f"item {i}", item) for i, item in enumerate(items)]
+        else:
+            lines = [(f"line {n}", line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
+        for where, item in lines:
+            rows.append(_parse_row(item, f"{file.name} {where}"))
+    if not rows:
+        raise DataError(f"{source}: no rows (the file is empty)")
+    return rows
+
+
+def _parse_row(item: Any, where: str) -> dict:
+    if isinstance(item, bytes):
+        try:
+            item = json.loads(item.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return {UNREADABLE: f"{where}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8"}
+        except json.JSONDecodeError as exc:
+            return {UNREADABLE: f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"}
+    if not isinstance(item, dict):
+        return {UNREADABLE: f"{where}: a row must be a JSON object, not {type(item).__name__}"}
+    return item
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -82,6 +128,12 @@ def _first_line(exc: BaseException) -> str:
 
 def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
     """One row as chat messages; raises ValueError with the reason for a bad row."""
+    if UNREADABLE in row:
+        raise ValueError(row[UNREADABLE])
+    turns = row.get("messages")
+    users = sum(isinstance(m, dict) and m.get("role") == "user" for m in turns) if isinstance(turns, list) else 0
+    if fmt == "multilingual-thinking" and users > 1:
+        return to_messages(row, "messages")  # a multi-turn row: every turn, not only the top-level fields
     if fmt == "multilingual-thinking":
         for key in ("reasoning_language", "user", "final"):
             if not isinstance(row.get(key), str) or not row[key].strip():
@@ -149,6 +201,10 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     """Validate, render and tokenize; returns a dataset of input_ids + labels and fills `report`."""
     report = report if report is not None else PrepareReport()
     report.rows_in = len(dataset)
+    if is_tokenized(dataset) and isinstance(dataset, Rows):
+        import datasets
+
+        dataset = datasets.Dataset.from_list(list(dataset))
     if is_tokenized(dataset):
         return _enforce_length(dataset.select_columns(list(TOKENIZED_COLUMNS)), settings, report)
     conversations = []

@@ -102,3 +102,40 @@ def test_unreadable_source_is_named(tmp_path):
     (tmp_path / "notes.txt").write_text("nothing here")
     with pytest.raises(DataError, match=r"no \.jsonl, \.json, \.parquet or save_to_disk dataset found"):
         load_rows(tmp_path)
+
+
+def test_broken_lines_are_bad_rows_with_their_line_number(tokenizer, tmp_path):
+    good = json.dumps(load_rows(SAMPLE_DATASET)[0]).encode()
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\n".join([good, b'{"user": "half a row', good, b"\xff\xfe not utf-8", b"[1, 2]", good]) + b"\n")
+    with pytest.raises(DataError) as caught:
+        prepare(load_rows(path), tokenizer, settings())
+    message = str(caught.value)
+    assert "3 of 6 rows" in message
+    assert "rows.jsonl line 2: invalid JSON" in message and "rows.jsonl line 4: not UTF-8" in message
+    assert "rows.jsonl line 5: a row must be a JSON object" in message
+    report = PrepareReport()
+    assert len(prepare(load_rows(path), tokenizer, settings(skip_bad_rows=True), report)) == 3
+    assert [i for i, _ in report.bad_rows] == [1, 3, 4]
+
+
+def test_an_empty_file_says_so(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no rows"):
+        load_rows(tmp_path / "empty.jsonl")
+
+
+def test_multi_turn_rows_keep_every_turn(tokenizer, tmp_path):
+    row = load_rows(SAMPLE_DATASET)[0]
+    turns = [
+        {"role": "system", "content": "reasoning language: French"},
+        {"role": "user", "content": "Erste Frage?"},
+        {"role": "assistant", "content": "Erste Antwort.", "thinking": "Premier."},
+        {"role": "user", "content": "Zweite Frage?"},
+        {"role": "assistant", "content": "Zweite Antwort.", "thinking": "Second."},
+    ]
+    path = tmp_path / "turns.jsonl"
+    path.write_text(json.dumps({**row, "messages": turns}) + "\n")
+    dataset = prepare(load_rows(path), tokenizer, settings())
+    text = tokenizer.decode(dataset[0]["input_ids"])
+    assert "Erste Frage?" in text and "Zweite Frage?" in text and "Zweite Antwort." in text
