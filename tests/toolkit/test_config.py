@@ -151,6 +151,14 @@ def test_overrides_and_env_interpolation(tmp_path):
         load_config(path, ["lora.r"], env={"ACCOUNT": "1"})
 
 
+def test_set_keeps_text_fields_as_typed():
+    """YAML would read 007 as 7 and 2024-01-01 as a date; a text field keeps the characters given."""
+    cfg = load_config("tiny-gpt-oss-local", ["training_job.tags.run=007", "model.revision=2024-01-01",
+                                             "aws.prefix=007", "lora.r=16"])  # fmt: skip
+    assert cfg.training_job.tags == {"run": "007"} and cfg.model.revision == "2024-01-01"
+    assert cfg.aws.prefix == "007" and cfg.lora.r == 16
+
+
 @pytest.mark.parametrize("secret", ["hf_" + "a" * 34, "AKIA" + "B" * 16])
 def test_secrets_are_refused(tmp_path, secret):
     path = tmp_path / "job.yaml"

@@ -140,6 +140,8 @@ def _apply_override(raw: dict, item: str) -> None:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
+    if _is_text_field(dotted.split(".")) and not isinstance(value, str) and not isinstance(value, list | dict):
+        value = text  # a string field keeps what was typed: 007 stays "007", 2024-01-01 is not a date
     *parents, leaf = dotted.split(".")
     node = raw
     for part in parents:
@@ -148,6 +150,29 @@ def _apply_override(raw: dict, item: str) -> None:
             raise ConfigError(f"--set {item!r}: {part} is not a section")
         node = child
     node[leaf] = value
+
+
+def _is_text_field(path: list[str]) -> bool:
+    """Whether the config field at `path` holds text only (str or str | None)."""
+    import types
+    import typing
+
+    model: Any = Config
+    annotation: Any = None
+    for part in path:
+        if typing.get_origin(model) is dict:  # a key of a mapping: its value type
+            annotation = model = typing.get_args(model)[1]
+            continue
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        annotation = fields[part].annotation
+        model = annotation
+    if annotation is str:
+        return True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return set(typing.get_args(annotation)) <= {str, type(None)}
+    return False
 
 
 def _refuse_secrets(node: Any, label: str, path: str = "") -> None:
