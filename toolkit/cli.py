@@ -26,6 +26,24 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a fiel
 METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
 
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the SDK's result, for pipelines).")]
+
+
+def emit_json(result) -> None:
+    """The SDK's result model as JSON on stdout: dataclasses as objects, enums and datetimes as strings."""
+    import dataclasses
+
+    value = dataclasses.asdict(result) if dataclasses.is_dataclass(result) and not isinstance(result, type) else result
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def non_interactive() -> bool:
+    """No prompts and no live displays without a terminal, or under CI (CI=true/1, as CI systems set it)."""
+    import os
+
+    return not sys.stdin.isatty() or os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     err.print("[bold red]error:[/] ", end="")
     err.print(message, highlight=False, markup=False)  # values from configs and clouds are text, never markup
@@ -156,6 +174,7 @@ def train(
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be submitted; create nothing.")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="Discard old checkpoints instead of resuming.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Train with LoRA on a target and wait for the result."""
     from toolkit import sdk
@@ -172,6 +191,9 @@ def train(
     except (ConfigError, TargetError, AwsError) as exc:
         fail(str(exc))
     state = follow(job)
+    if as_json:
+        emit_json(state)
+        raise typer.Exit(0 if state.status.value == "Completed" else 1)
     if state.status.value == "Completed":
         for kind, where in state.artifacts.items():
             out.print(f"[green]{kind}:[/] {where}", highlight=False)
@@ -231,20 +253,20 @@ TargetOpt = Annotated[str | None, typer.Option(help="Target of the job (default:
 
 
 def _attach(config: str, name: str, target: str | None):
-    from toolkit import aws
-    from toolkit.targets.base import TargetError, get_target
+    from toolkit import sdk
 
-    cfg = load(config, None)
-    try:
-        return get_target(target or cfg.target).attach(cfg, name)
-    except (TargetError, aws.AwsError) as exc:
-        fail(str(exc))
+    return sdk.job(load(config, None), name, target)
 
 
 @jobs_app.command("status")
-def jobs_status(name: str, config: JobConfig, target: TargetOpt = None) -> None:
+def jobs_status(name: str, config: JobConfig, target: TargetOpt = None, as_json: JsonOpt = False) -> None:
     """Status, detail (failure reason) and artifacts of a job."""
-    state = _attach(config, name, target).status()
+    from toolkit import sdk
+
+    state = sdk.job_status(load(config, None), name, target)
+    if as_json:
+        emit_json(state)
+        raise typer.Exit(1 if state.status.value == "Failed" else 0)
     out.print(f"{state.name}: {state.status.value} {state.detail}", highlight=False)
     for kind, where in state.artifacts.items():
         out.print(f"  {kind}: {where}", highlight=False)
@@ -279,16 +301,9 @@ def jobs_list(config: JobConfig, target: TargetOpt = None) -> None:
     """Recent jobs of a target."""
     from rich.table import Table
 
-    from toolkit.targets.base import TargetError, get_target
+    from toolkit import sdk
 
-    cfg = load(config, None)
-    chosen = get_target(target or cfg.target)
-    if not hasattr(chosen, "list"):
-        fail(f"target {chosen.name} keeps no job list; its jobs are directories (local.output_dir)")
-    try:
-        jobs = chosen.list(cfg)
-    except TargetError as exc:
-        fail(str(exc))
+    jobs = sdk.list_jobs(load(config, None), target)
     table = Table("name", "status", "created")
     for job in jobs:
         table.add_row(job["TrainingJobName"], job["TrainingJobStatus"], str(job["CreationTime"]))
@@ -315,7 +330,7 @@ def _aws_settings(config: str | None):
 def _confirm(question: str, yes: bool) -> None:
     if yes:
         return
-    if not sys.stdin.isatty():
+    if non_interactive():
         fail(f"{question} Pass --yes to confirm in a non-interactive run.")
     if not typer.confirm(question):
         raise typer.Exit(1)
@@ -337,8 +352,7 @@ def infra_deploy(
     """Create or update the stack: show the parameters and changes, then apply them with progress."""
     from rich.table import Table
 
-    from toolkit import infra
-    from toolkit.aws import AwsError
+    from toolkit import infra, sdk
 
     settings = _aws_settings(config)
     parameters = infra.parameters(settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc)
@@ -346,21 +360,18 @@ def infra_deploy(
     for key, value in parameters.items():
         shown.add_row(key, value or "-")
     out.print(shown)
-    try:
-        planned = infra.plan(settings, stack, parameters)
-        if not planned.changes and planned.change_set is not None:
-            out.print(f"stack {stack} is up to date; nothing to do")
-            values = infra.outputs(settings, stack)
-        else:
-            table = Table("action", "resource", "type", "replacement", title=f"changes to stack {stack}")
-            for change in planned.changes:
-                table.add_row(change.action, change.logical_id, change.resource_type, change.replacement)
-            out.print(table)
-            _confirm(f"Apply these {len(planned.changes)} changes to {stack}?", yes)
-            with status(f"deploying {stack} ...") as update:
-                values = infra.apply(settings, planned, lambda line: update(f"deploying {stack}: {line}"))
-    except (infra.InfraError, AwsError) as exc:
-        fail(str(exc), code=1)
+    planned = sdk.infra_plan(settings, stack, parameters)
+    if not planned.changes and planned.change_set is not None:
+        out.print(f"stack {stack} is up to date; nothing to do")
+        values = sdk.infra_outputs(settings, stack)
+    else:
+        table = Table("action", "resource", "type", "replacement", title=f"changes to stack {stack}")
+        for change in planned.changes:
+            table.add_row(change.action, change.logical_id, change.resource_type, change.replacement)
+        out.print(table)
+        _confirm(f"Apply these {len(planned.changes)} changes to {stack}?", yes)
+        with status(f"deploying {stack} ...") as update:
+            values = sdk.infra_apply(settings, planned, lambda line: update(f"deploying {stack}: {line}"))
     for key, value in values.items():
         out.print(f"{key}: {value}", highlight=False)
 
@@ -373,15 +384,16 @@ def infra_outputs(
         str, typer.Option(help="The config (file or preset) the written file builds on.")
     ] = "gpt-oss-20b-lora",
     write: Annotated[Path | None, typer.Option(help="Write a config file with the AWS fields filled in.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Print the stack's outputs, or write them into a config file (base + aws section)."""
-    from toolkit import infra
+    from toolkit import infra, sdk
 
     settings = _aws_settings(config)
-    try:
-        values = infra.outputs(settings, stack)
-    except infra.InfraError as exc:
-        fail(str(exc))
+    values = sdk.infra_outputs(settings, stack)
+    if as_json:
+        emit_json(values)
+        return
     if write is None:
         for key, value in values.items():
             out.print(f"{key}: {value}", highlight=False)
@@ -399,15 +411,12 @@ def infra_destroy(
     yes: YesOpt = False,
 ) -> None:
     """Delete the stack; refuses while the bucket holds data unless --force."""
-    from toolkit import infra
+    from toolkit import sdk
 
     settings = _aws_settings(config)
     _confirm(f"Delete stack {stack}{' and all data in its bucket' if force else ''}?", yes)
-    try:
-        with status(f"deleting {stack} ...") as update:
-            infra.destroy(settings, stack, force, update)
-    except infra.InfraError as exc:
-        fail(str(exc), code=1)
+    with status(f"deleting {stack} ...") as update:
+        sdk.infra_destroy(settings, stack, force, update)
     out.print(f"deleted {stack}")
 
 
@@ -419,7 +428,7 @@ def _live():
     background (`toolkit deploy --target local &`) must not draw over the foreground command's display."""
     import os
 
-    if not err.is_terminal:
+    if not err.is_terminal or non_interactive():
         return None
     try:
         foreground = os.tcgetpgrp(sys.stderr.fileno()) == os.getpgrp()
@@ -452,6 +461,7 @@ def deploy(
     port: Annotated[int | None, typer.Option(help="local: port (default: serving.local_port).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request; create nothing.")] = False,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Serve the trained model: a SageMaker endpoint (created, or updated blue/green) or vLLM on this machine."""
     from toolkit import sdk
@@ -488,6 +498,9 @@ def deploy(
         else:
             err.print("interrupted before the endpoint was touched; re-run the same command to deploy")
         raise typer.Exit(130) from None
+    if as_json:
+        emit_json(state)
+        return
     done = "up to date" if not state.actions else "deployed"
     out.print(f"[green]{done}:[/] endpoint {state.name} serves {state.config_name}", highlight=False)
     out.print(f"try it: toolkit invoke {source} 'Wie viele Planeten hat das Sonnensystem?' --reasoning-language French",
@@ -519,7 +532,7 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
         if server is not None:
             server.stop()
         raise typer.Exit(130) from None
-    assert server is not None  # every failure above has raised
+    assert server is not None and server.process is not None  # every failure above has raised
     out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
               f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
     try:
@@ -552,6 +565,7 @@ def invoke(
         ),
     ] = False,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
@@ -564,7 +578,10 @@ def invoke(
         if wait and (url or target == "local"):
             with status("waiting for the server ..."):
                 wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
-        if not stream:
+        if as_json:  # the whole reply at once: content, reasoning, finish_reason, usage, model
+            reply = client.chat(messages, max_tokens, temperature)
+            emit_json(reply)
+        elif not stream:
             reply = client.chat(messages, max_tokens, temperature)
             if reply.reasoning:  # model text is never read as rich markup
                 err.print("[dim]reasoning:[/] ", end="")
@@ -607,13 +624,16 @@ def endpoint_list(config: JobConfig) -> None:
 
 
 @endpoint_app.command("describe")
-def endpoint_describe(config: JobConfig) -> None:
+def endpoint_describe(config: JobConfig, as_json: JsonOpt = False) -> None:
     """Status, serving config, instances and failure reason of the config's endpoint."""
     from toolkit import sdk
 
     description = sdk.endpoints(load(config, None)).describe()
     if description is None:
-        fail("the endpoint does not exist: create it with `toolkit deploy`", code=1)
+        fail("the endpoint does not exist: create it with `toolkit deploy`", code=2)
+    if as_json:
+        emit_json({k: v for k, v in description.items() if k != "ResponseMetadata"})
+        return
     out.print(f"{description['EndpointName']}: {description['EndpointStatus']}", highlight=False)
     out.print(f"  config: {description['EndpointConfigName']}", highlight=False)
     for variant in description.get("ProductionVariants", []):
@@ -642,12 +662,16 @@ def register(
     image_uri: Annotated[str | None, typer.Option(help="Serving image (default: built and pushed).")] = None,
     approve: Annotated[bool, typer.Option("--approve", help="Mark the package Approved.")] = False,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Record a trained model in the Model Package Group named after the config."""
     from toolkit import sdk
 
     cfg = load(source, set_)
     registration = sdk.register(cfg, job, image_uri, approve)
+    if as_json:
+        emit_json(registration)
+        return
     verb = "registered" if registration.created else "already registered"
     out.print(f"{verb}: {registration.arn} ({registration.status}) in {registration.group}", highlight=False)
 

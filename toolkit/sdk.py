@@ -6,13 +6,21 @@ Nothing here parses flags or prints tables: results come back as values, failure
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
-from toolkit.targets.base import Job, get_target
+from toolkit.targets.base import Job, JobState, get_target
+
+if TYPE_CHECKING:
+    from toolkit.config.models import AwsSettings
+    from toolkit.deploy.client import ChatClient
+    from toolkit.deploy.endpoint import Endpoints, EndpointState, Request
+    from toolkit.deploy.local import LocalServer
+    from toolkit.deploy.registry import Registration
+    from toolkit.infra import Plan
 
 
 def _as_config(config: Config | str | Path, overrides: Sequence[str] = (), target: str | None = None) -> Config:
@@ -84,12 +92,66 @@ def build_image(config: Config | str | Path, on_progress=None, overrides: Sequen
     return ensure_image(_as_config(config, overrides), on_progress)
 
 
+def job(config: Config | str | Path, name: str, target: str | None = None, overrides: Sequence[str] = ()) -> Job:
+    """A handle on a job started earlier (from any machine): `status()`, `logs()`, `stop()`, `wait()`.
+
+    Raises `TargetError` ("no such job") when the target does not know it.
+    """
+    cfg = _as_config(config, overrides)
+    return get_target(target or cfg.target).attach(cfg, name)
+
+
+def job_status(config: Config | str | Path, name: str, target: str | None = None) -> JobState:
+    """The state of a job started earlier: status, detail (failure reason) and artifacts."""
+    return job(config, name, target).status()
+
+
+def list_jobs(config: Config | str | Path, target: str | None = None) -> list[dict[str, Any]]:
+    """Recent jobs of a target that keeps a list (training-job); `TargetError` for one that does not."""
+    from toolkit.targets.base import TargetError
+
+    cfg = _as_config(config)
+    chosen = get_target(target or cfg.target)
+    if not hasattr(chosen, "list"):
+        raise TargetError(f"target {chosen.name} keeps no job list; its jobs are directories (local.output_dir)")
+    return chosen.list(cfg)
+
+
+def infra_plan(settings: AwsSettings, stack: str, parameters: dict[str, str]) -> Plan:
+    """What `infra_apply` would change in the stack (a change set for an existing stack, else every resource)."""
+    from toolkit import infra
+
+    return infra.plan(settings, stack, parameters)
+
+
+def infra_apply(settings: AwsSettings, planned: Plan, on_event: Callable[[str], None] | None = None) -> dict[str, str]:
+    """Create or update the stack as planned and wait; returns its outputs (aws.role, aws.bucket, ...)."""
+    from toolkit import infra
+
+    return infra.apply(settings, planned, on_event or (lambda _: None))
+
+
+def infra_outputs(settings: AwsSettings, stack: str = "toolkit") -> dict[str, str]:
+    from toolkit import infra
+
+    return infra.outputs(settings, stack)
+
+
+def infra_destroy(
+    settings: AwsSettings, stack: str = "toolkit", force: bool = False, on_event: Callable[[str], None] | None = None
+) -> None:
+    """Delete the stack; refuses while its bucket holds data unless `force`."""
+    from toolkit import infra
+
+    infra.destroy(settings, stack, force, on_event or (lambda _: None))
+
+
 def render_deploy(
     config: Config | str | Path,
     image_uri: str | None = None,
     model_data: str | None = None,
     overrides: Sequence[str] = (),
-) -> list[Any]:
+) -> list[Request]:
     """Every request `deploy` would make, given what exists now (the dry run: reads only, creates nothing)."""
     from toolkit.deploy import endpoint
 
@@ -106,7 +168,7 @@ def deploy(
     on_status=None,
     overrides: Sequence[str] = (),
     poll_seconds: float = 30,
-) -> Any:
+) -> EndpointState:
     """Create or update the SageMaker endpoint (blue/green, rolled back on failure) and wait until it serves.
 
     The image is built and pushed unless given; the model is the latest completed training job's unless given.
@@ -120,7 +182,7 @@ def deploy(
     return endpoint.Endpoints(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
 
 
-def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Any:
+def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Endpoints:
     """The config's endpoint: `describe()`, `list_endpoints()`, `delete()`."""
     from toolkit.deploy.endpoint import Endpoints
 
@@ -129,7 +191,7 @@ def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Any
 
 def serve_local(
     config: Config | str | Path, model_dir: str | Path | None = None, port: int | None = None, overrides=()
-) -> Any:
+) -> LocalServer:
     """Start the serving entry script with vLLM on this machine on the local training output; returns the
     server (`url`, `wait_ready()`, `stop()`; a context manager)."""
     from toolkit.deploy.local import LocalServer
@@ -151,7 +213,9 @@ def render_serve_local(
     return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
 
 
-def chat_client(config: Config | str | Path, target: str = "endpoint", url: str | None = None, overrides=()) -> Any:
+def chat_client(
+    config: Config | str | Path, target: str = "endpoint", url: str | None = None, overrides=()
+) -> ChatClient:
     """A chat client for the config's endpoint (`target="endpoint"`) or a local server (`"local"` or `url`)."""
     from toolkit import aws
     from toolkit.deploy import ADAPTER_NAME
@@ -173,7 +237,7 @@ def register(
     image_uri: str | None = None,
     approve: bool = False,
     overrides: Sequence[str] = (),
-) -> Any:
+) -> Registration:
     """Record a completed training job's model in the config's Model Package Group."""
     from toolkit.deploy.registry import register as register_model
 

@@ -1,0 +1,45 @@
+"""`--json` prints exactly the SDK's result model, for a pipeline step to parse (on the AWS emulator)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from typer.testing import CliRunner
+
+from tests.toolkit.deploy.test_endpoint import IMAGE, completed_training_job
+from toolkit.cli import app
+
+pytestmark = pytest.mark.integration
+
+
+def run_json(*args: str) -> dict:
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
+    job = "tiny-gpt-oss-local-20261130-1"
+    completed_training_job(aws_env, job)
+    config = tmp_path / "job.yaml"
+    config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"
+                      "serving: {instance_type: ml.g4dn.xlarge}\n")  # fmt: skip
+    state = run_json("jobs", "status", job, "-c", str(config), "--target", "training-job")
+    assert state == {"name": job, "status": "Completed", "detail": state["detail"], "artifacts": state["artifacts"]}
+    assert state["artifacts"]["model"].endswith(f"/{job}/output/model/")
+    registered = run_json("register", str(config), "--image-uri", IMAGE, "--approve")
+    assert set(registered) == {"arn", "group", "status", "created"} and registered["status"] == "Approved"
+    deployed = run_json("deploy", str(config), "--image-uri", IMAGE)
+    assert set(deployed) == {"name", "status", "config_name", "detail", "actions"}
+    assert deployed["status"] == "InService" and "create_endpoint" in deployed["actions"]
+    described = run_json("endpoint", "describe", "-c", str(config))
+    assert described["EndpointName"] == deployed["name"] and described["EndpointConfigName"] == deployed["config_name"]
+    reply = {"choices": [{"message": {"content": "1440", "reasoning_content": "24 x 60"}, "finish_reason": "stop"}],
+             "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local"}  # fmt: skip
+    scripted = {"results": [{"Body": json.dumps(reply), "ContentType": "application/json"}]}
+    requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json=scripted, timeout=10)
+    answered = run_json("invoke", str(config), "Wie viele Minuten hat ein Tag?")
+    assert answered == {"content": "1440", "reasoning": "24 x 60", "finish_reason": "stop",
+                        "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local"}  # fmt: skip
