@@ -2,7 +2,7 @@
 
 Run it from CI after assuming the deployment role (see github-actions.yml), or by hand:
 
-    python examples/ci/pipeline.py my-job.yaml --image-uri 123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:TAG
+    python examples/ci/pipeline.py my-job.yaml --image-uri ACCOUNT.dkr.ecr.REGION.amazonaws.com/toolkit-serving:TAG
 
 Every step raises on failure (toolkit.errors maps the exceptions to exit codes for the CLI; here they end the
 script with a traceback-free message and exit 1 or 2), and the script prints one JSON summary for the next step.
