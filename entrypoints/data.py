@@ -217,8 +217,8 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
         shown = "; ".join(f"row {i}: {why}" for i, why in report.bad_rows[:5])
         more = f" (and {len(report.bad_rows) - 5} more)" if len(report.bad_rows) > 5 else ""
         raise DataError(
-            f"{len(report.bad_rows)} of {report.rows_in} rows do not match the "
-            f"{settings.format!r} schema: {shown}{more}. Fix them, or set data.skip_bad_rows: true"
+            f"{len(report.bad_rows)} of {report.rows_in} rows are not valid {settings.format!r} rows: "
+            f"{shown}{more}. Fix them, or set data.skip_bad_rows: true"
         )
     import datasets
 

@@ -138,7 +138,7 @@ def test_failure_file_on_corrupt_data(tmp_path):
     result = run_entrypoint(root)
     assert result.returncode == 1
     reason = (root / "output" / "failure").read_text()
-    assert "cannot read json data" in reason and str(channel) in reason
+    assert "2 of 2 rows" in reason and "rows.jsonl line 1: invalid JSON" in reason and "line 2: invalid JSON" in reason
 
 
 def test_the_job_reads_its_hf_token_from_the_named_secret(aws_env, monkeypatch):

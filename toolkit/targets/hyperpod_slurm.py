@@ -37,6 +37,15 @@ STATES = {
 }
 
 
+def enroot_image(image: str) -> str:
+    """The image as pyxis/enroot names it: `registry#repository:tag` (a docker-style `registry/repository:tag`,
+    e.g. an ECR URI, would be read as a Docker Hub repository)."""
+    registry, slash, rest = image.partition("/")
+    if slash and ("." in registry or ":" in registry or registry == "localhost") and "#" not in image:
+        return f"{registry}#{rest}"
+    return image
+
+
 def sbatch_script(config: Config) -> str:
     hp = config.hyperpod
     root = job_dir(config)
@@ -51,13 +60,13 @@ def sbatch_script(config: Config) -> str:
     ]
     if hp.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={hp.gpus_per_node}")
-    if hp.exclusive:
-        lines.append("#SBATCH --exclusive")
+    if hp.exclusive:  # whole nodes, and all of their memory (the recipes launcher does the same)
+        lines += ["#SBATCH --exclusive", "#SBATCH --mem=0"]
     launcher = f"{shlex.quote(hp.python)} -m torch.distributed.run"
     container = ""
     if hp.image:  # pyxis/enroot: the same image as on EKS, the shared filesystem mounted in
         mount = shlex.quote(f"{hp.fsx.mount_path}:{hp.fsx.mount_path}")
-        container = f"--container-image={shlex.quote(hp.image)} --container-mounts={mount} "
+        container = f"--container-image={shlex.quote(enroot_image(hp.image))} --container-mounts={mount} "
         launcher = "python -m torch.distributed.run"
     lines += [
         "set -euo pipefail",

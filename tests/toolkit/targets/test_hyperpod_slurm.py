@@ -47,6 +47,17 @@ def test_script_has_the_cluster_settings(tmp_path):
     assert "--nproc-per-node=8" in script and "--rdzv-backend=c10d" in script
     assert f"--container-image=registry/img:1 --container-mounts={tmp_path}:{tmp_path}" in script
     assert f"export TOOLKIT_ML_ROOT={tmp_path}/toolkit/tiny-gpt-oss-local" in script
+    assert "#SBATCH --mem=0" in script  # exclusive nodes: all their memory
+
+
+def test_pyxis_gets_the_image_in_enroots_form():
+    from toolkit.targets.hyperpod_slurm import enroot_image
+
+    ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-training:1"
+    assert enroot_image(ecr) == "123456789012.dkr.ecr.us-east-1.amazonaws.com#toolkit-training:1"
+    assert enroot_image("localhost:5000/img:1") == "localhost:5000#img:1"
+    assert enroot_image("nvcr.io#nvidia/pytorch:24.01-py3") == "nvcr.io#nvidia/pytorch:24.01-py3"
+    assert enroot_image("registry/img:1") == "registry/img:1"  # a Docker Hub user/repository stays as it is
 
 
 def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path):
@@ -82,7 +93,7 @@ def test_failure_reports_the_entrypoint_reason(slurm, tmp_path):
     job = TARGET.submit(config(tmp_path, f"data.source={bad}"))
     state = job.wait(poll_seconds=1)
     assert state.status is Status.FAILED
-    assert "cannot read json data" in state.detail
+    assert "rows.jsonl line 1: invalid JSON" in state.detail
 
 
 def test_log_tail_handles_multibyte_text_across_reads(tmp_path):

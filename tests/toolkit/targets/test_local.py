@@ -106,7 +106,7 @@ def test_cli_reports_a_failed_job_with_its_reason(tmp_path):
         ],
     )
     assert result.exit_code == 1
-    assert "failed: DataError" in result.output and "cannot read json data" in result.output
+    assert "failed: DataError" in result.output and "line 1: invalid JSON" in result.output
 
 
 def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
