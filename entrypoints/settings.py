@@ -17,6 +17,10 @@ TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
+# What LoRA can adapt in gpt-oss (transformers' GptOssForCausalLM): the attention projections (and the embeddings
+# and LM head, rarely wanted), and the MoE experts as 3-D parameters; the router is not an nn.Linear.
+GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head")
+GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 
@@ -165,6 +169,26 @@ class TrainSettings(StrictModel):
     data: DataSettings
     lora: LoraSettings = Field(default_factory=LoraSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+
+    @model_validator(mode="after")
+    def _lora_targets_exist(self) -> TrainSettings:
+        """gpt-oss's names: a LoRA target it does not have would be ignored (with expert LoRA, silently)."""
+        if not self.model.is_gpt_oss:
+            return self
+        modules = self.lora.target_modules if isinstance(self.lora.target_modules, list) else []
+        unknown = sorted(set(modules) - set(GPT_OSS_LORA_MODULES))
+        if unknown:
+            raise ValueError(
+                f"lora.target_modules: gpt-oss has no module(s) {', '.join(unknown)}; its LoRA-able modules are "
+                f"{', '.join(GPT_OSS_LORA_MODULES)} (the experts are 3-D parameters: lora.target_parameters)"
+            )
+        unknown = sorted(set(self.lora.target_parameters) - set(GPT_OSS_EXPERT_PARAMETERS))
+        if unknown:
+            raise ValueError(
+                f"lora.target_parameters: gpt-oss has no parameter(s) {', '.join(unknown)}; use "
+                f"{', '.join(GPT_OSS_EXPERT_PARAMETERS)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _budget_holds_a_row(self) -> TrainSettings:

@@ -89,6 +89,8 @@ BROKEN = [
         {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"instance_type": "ml.g6e.2xlarge"}},
         "merged openai/gpt-oss-20b is ~39 GiB of bf16 weights but ml.g6e.2xlarge",
     ),
+    ({"lora": {"target_modules": ["q_proj", "gate_proj"]}}, "lora.target_modules: gpt-oss has no module(s) gate_proj"),
+    ({"lora": {"target_parameters": ["mlp.experts.up_proj"]}}, "lora.target_parameters: gpt-oss has no parameter"),
     ({"training": {"tokens_per_micro_batch": 256}}, "training.tokens_per_micro_batch (256) is below data.max_length"),
     ({"local": {"output_dir": "runs/{nmae}"}}, "local.output_dir: unknown placeholder(s) {nmae}"),
     ({"hyperpod": {"job_dir": "/fsx/{user}/x"}}, "hyperpod.job_dir: unknown placeholder(s) {user}"),

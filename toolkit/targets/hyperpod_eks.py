@@ -253,7 +253,21 @@ class EksOrchestrator:
         return EksJob(config.name, config)
 
     def attach(self, config: Config, job_name: str) -> EksJob:
-        return EksJob(job_name, config)
+        from kubernetes.client.exceptions import ApiException
+
+        job = EksJob(job_name, config)
+        _, custom = _clients(config)
+        group, version, plural = job._kind()
+        try:
+            custom.get_namespaced_custom_object(group, version, config.hyperpod.namespace, plural, job_name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise TargetError(
+                    f"no such {config.hyperpod.eks_job_kind} {job_name!r} in namespace {config.hyperpod.namespace} "
+                    "(or its operator is not installed): see `kubectl get hyperpodpytorchjobs,pytorchjobs -A`"
+                ) from None
+            raise
+        return job
 
 
 ORCHESTRATOR = EksOrchestrator()

@@ -174,6 +174,13 @@ def test_submit_creates_the_config_map_and_job_then_follows_status_and_logs(clus
     assert cluster.objects(HYPERPOD_JOBS) == {} and cluster.objects("v1/configmaps") == {}
 
 
+def test_a_job_that_does_not_exist_is_no_such_job(cluster):
+    with pytest.raises(TargetError, match="no such HyperPodPyTorchJob 'nope' in namespace default"):
+        ORCHESTRATOR.attach(config(), "nope")
+    ORCHESTRATOR.submit(config())
+    assert ORCHESTRATOR.attach(config(), "gpt-oss-120b-lora").status().status is Status.PENDING
+
+
 def test_submitting_a_running_job_again_is_a_409_that_says_what_to_do(cluster):
     ORCHESTRATOR.submit(config())
     with pytest.raises(TargetError, match="a job named gpt-oss-120b-lora already exists.*409"):
