@@ -156,3 +156,65 @@ def test_the_job_reads_its_hf_token_from_the_named_secret(aws_env, monkeypatch):
         monkeypatch.setenv("TOOLKIT_HF_TOKEN_SECRET", secret)
         train.load_hf_token()
         assert os.environ["HF_TOKEN"] == token
+
+
+def _pid1_of(namespace_launcher: subprocess.Popen) -> int:
+    """The host PID of the process that is PID 1 inside `unshare -fp` (the launcher's only child)."""
+    import time
+
+    for _ in range(100):
+        children = subprocess.run(["pgrep", "-P", str(namespace_launcher.pid)], capture_output=True, text=True)
+        if children.stdout.split():
+            return int(children.stdout.split()[0])
+        time.sleep(0.1)
+    raise AssertionError("no PID 1 in the namespace")
+
+
+def _train_as_sagemaker_runs_it(root, relay: bool) -> tuple[subprocess.Popen, int]:
+    """SageMaker's process tree: PID 1 is the SDK's container command, `bash -c "chmod +x sm_train.sh &&
+    sm_train.sh"`; sm_train.sh (the SDK's TRAIN_SCRIPT_TEMPLATE: set -e, an ERR trap, several commands) runs the
+    training as a child. With the toolkit's relay, PID 1 is entrypoints/pid1.py running that same command."""
+    script = root / "sm_train.sh"
+    script.write_text(
+        "#!/bin/bash\nset -e\necho 'Starting training script'\n"
+        "handle_error() { echo \"An error occurred with exit code $?\"; }\ntrap 'handle_error' ERR\n"
+        f"cd {root}\n{sys.executable} {ENTRYPOINT}\necho 'Training script finished'\n"
+    )
+    command = ["/bin/bash", "-c", f"chmod +x {script} && {script}"]
+    pid1 = [sys.executable, str(ENTRYPOINT.parent / "pid1.py"), *command] if relay else command
+    launcher = subprocess.Popen(["unshare", "-fp", "--mount-proc", *pid1], env=entrypoint_env(root),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return launcher, _pid1_of(launcher)
+
+
+def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
+    """StopTrainingJob / a spot interruption: SIGTERM to the container's PID 1. Under the SDK's bare `bash -c` the
+    ranks never hear it and no checkpoint is written; under entrypoints/pid1.py the entrypoint checkpoints and exits
+    143, resumable."""
+    settings = ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"]
+    bare = lay_out(tmp_path / "bare", settings)
+    launcher, pid1 = _train_as_sagemaker_runs_it(bare, relay=False)
+    assert launcher.stdout is not None
+    for line in launcher.stdout:
+        if line.startswith("[metrics] step=2/"):
+            os.kill(pid1, signal.SIGTERM)
+            break
+    try:  # bash as PID 1 passes nothing on: the namespace ends (its init is gone) without a checkpoint
+        output = launcher.communicate(timeout=20)[0]
+    except subprocess.TimeoutExpired:  # or the signal is lost and training runs on
+        os.kill(pid1, signal.SIGKILL)
+        output = launcher.communicate(timeout=60)[0]
+    assert "stopped by SIGTERM" not in output and not list((bare / "checkpoints").glob("checkpoint-*"))
+
+    relayed = lay_out(tmp_path / "relayed", settings)
+    launcher, pid1 = _train_as_sagemaker_runs_it(relayed, relay=True)
+    assert launcher.stdout is not None
+    for line in launcher.stdout:
+        if line.startswith("[metrics] step=2/"):
+            os.kill(pid1, signal.SIGTERM)
+            break
+    output = launcher.stdout.read()
+    assert launcher.wait(timeout=180) == 143, output[-3000:]
+    assert "stopped by SIGTERM" in output
+    checkpoints = list((relayed / "checkpoints").glob("checkpoint-*"))
+    assert len(checkpoints) == 1, output[-3000:]

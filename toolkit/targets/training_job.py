@@ -7,6 +7,7 @@ once per content hash; a dry run renders the exact CreateTrainingJob request and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -224,7 +225,8 @@ class TrainingJobTarget:
     def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
         trainer, boto_session = self._trainer(config, dry_run=False)
         try:
-            trainer.train(wait=False, logs=False)
+            with _signal_relay_as_pid1():
+                trainer.train(wait=False, logs=False)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
         job_name = trainer._latest_training_job.training_job_name
@@ -265,7 +267,8 @@ class TrainingJobTarget:
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
         trainer, _ = self._trainer(config, dry_run=dry_run)
         try:
-            request = trainer._create_training_job_args(boto3=True)
+            with _signal_relay_as_pid1():
+                request = trainer._create_training_job_args(boto3=True)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
         return request
@@ -367,6 +370,24 @@ class TrainingJobTarget:
         if dry_run:
             return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{content_hash(path)}/"}
         return {"train": upload_once(aws.client(config.aws, "s3", boto_session), config, path)}
+
+
+@contextlib.contextmanager
+def _signal_relay_as_pid1():
+    """The SDK's container command (`bash -c "... sm_train.sh"`), run under entrypoints/pid1.py so that SIGTERM to
+    PID 1 reaches torchrun and the ranks. The SDK takes the command from module constants, read when it builds the
+    request; they are swapped only for that call."""
+    from sagemaker.train import model_trainer
+    from sagemaker.train.constants import SM_CODE_CONTAINER_PATH  # where the code channel is mounted
+
+    entrypoint, arguments = model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS
+    model_trainer.DEFAULT_CONTAINER_ENTRYPOINT = ["python3"]
+    model_trainer.DEFAULT_CONTAINER_ARGUMENTS = [f"{SM_CODE_CONTAINER_PATH}/entrypoints/pid1.py", *entrypoint,
+                                                 *arguments]  # fmt: skip
+    try:
+        yield
+    finally:
+        model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS = entrypoint, arguments
 
 
 def _dry_run_session_class():

@@ -1,0 +1,46 @@
+"""PID 1 of the toolkit's SageMaker training container: run the job's command and pass stop signals on.
+
+SageMaker stops a job (StopTrainingJob, a spot interruption, max run time) with SIGTERM to the container's PID 1.
+The SDK's own PID 1 is `bash -c "... sm_train.sh"`, which neither forwards the signal nor dies of it (the kernel
+shields PID 1 from signals it has no handler for), so torchrun and the ranks never hear it and the entrypoint's
+checkpoint-on-SIGTERM never runs. This process runs the same command in a process group of its own, forwards
+SIGTERM/SIGINT to that whole group (torchrun and every rank), waits for every process it inherits (when PID 1
+exits, the kernel kills whatever is left, mid-checkpoint), and exits with the command's status (128 + signal
+when a signal ended it).
+
+Usage (the job's ContainerEntrypoint/ContainerArguments): python3 pid1.py COMMAND [ARG ...]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: pid1.py COMMAND [ARG ...]", file=sys.stderr)
+        return 2
+    child = subprocess.Popen(argv, start_new_session=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        print(f"[toolkit] pid1: passing signal {signum} to the job's processes", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, forward)
+    code = child.wait()
+    # The command's shell may end before the ranks (a signal ends it at once, while they checkpoint). They are
+    # re-parented to PID 1, and when PID 1 exits the kernel kills everything left: wait for every one of them.
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
