@@ -187,6 +187,15 @@ def _train_as_sagemaker_runs_it(root, relay: bool) -> tuple[subprocess.Popen, in
     return launcher, _pid1_of(launcher)
 
 
+def _sigterm_at_step_2(launcher: subprocess.Popen, pid1: int) -> None:
+    """Follow the job's output and send SIGTERM to the namespace's PID 1 once training is under way."""
+    assert launcher.stdout is not None
+    for line in launcher.stdout:
+        if line.startswith("[metrics] step=2/"):
+            os.kill(pid1, signal.SIGTERM)
+            return
+
+
 def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
     """StopTrainingJob / a spot interruption: SIGTERM to the container's PID 1. Under the SDK's bare `bash -c` the
     ranks never hear it and no checkpoint is written; under entrypoints/pid1.py the entrypoint checkpoints and exits
@@ -194,11 +203,7 @@ def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
     settings = ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"]
     bare = lay_out(tmp_path / "bare", settings)
     launcher, pid1 = _train_as_sagemaker_runs_it(bare, relay=False)
-    assert launcher.stdout is not None
-    for line in launcher.stdout:
-        if line.startswith("[metrics] step=2/"):
-            os.kill(pid1, signal.SIGTERM)
-            break
+    _sigterm_at_step_2(launcher, pid1)
     try:  # bash as PID 1 passes nothing on: the namespace ends (its init is gone) without a checkpoint
         output = launcher.communicate(timeout=20)[0]
     except subprocess.TimeoutExpired:  # or the signal is lost and training runs on
@@ -208,13 +213,9 @@ def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
 
     relayed = lay_out(tmp_path / "relayed", settings)
     launcher, pid1 = _train_as_sagemaker_runs_it(relayed, relay=True)
-    assert launcher.stdout is not None
-    for line in launcher.stdout:
-        if line.startswith("[metrics] step=2/"):
-            os.kill(pid1, signal.SIGTERM)
-            break
-    output = launcher.stdout.read()
-    assert launcher.wait(timeout=180) == 143, output[-3000:]
+    _sigterm_at_step_2(launcher, pid1)
+    output = launcher.communicate(timeout=180)[0]
+    assert launcher.returncode == 143, output[-3000:]
     assert "stopped by SIGTERM" in output
     checkpoints = list((relayed / "checkpoints").glob("checkpoint-*"))
     assert len(checkpoints) == 1, output[-3000:]

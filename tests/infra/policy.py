@@ -11,6 +11,7 @@ and on StringEquals / StringLike / Bool conditions (a condition whose key the re
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +85,7 @@ class Stack:
 
     def resolve(self, node: Any) -> Any:
         if isinstance(node, list):
-            return [item for value in node for item in self._spread(self.resolve(value))]
+            return [self.resolve(value) for value in node]
         if not isinstance(node, dict):
             return node
         if len(node) == 1:
@@ -114,13 +115,7 @@ class Stack:
                 return self.conditions[value]
         return {k: self.resolve(v) for k, v in node.items()}
 
-    @staticmethod
-    def _spread(value: Any) -> list:
-        return [value]
-
     def _sub(self, text: str, variables: dict[str, Any]) -> str:
-        import re
-
         def replace(match: re.Match) -> str:
             name = match.group(1)
             if name in variables:
