@@ -141,8 +141,8 @@ class LocalServer:
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        # SIGTERM to the API server alone: it shuts its engine down in order (~3 s). Signalling the whole group
-        # killed the engine first, and the server logged an EngineDeadError traceback.
+        # SIGTERM to the API server alone: it shuts its engine down itself (~3 s). Signalling the whole group killed
+        # the engine first and always logged an EngineDeadError; vLLM 0.32 still logs one now and then on its own.
         with contextlib.suppress(ProcessLookupError):
             self.process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
