@@ -110,6 +110,18 @@ class LoraSettings(StrictModel):
         return self
 
 
+class MlflowSettings(StrictModel):
+    """Where training.report_to: [mlflow] logs (parameters, the metrics of every logged step)."""
+
+    tracking_uri: str = Field(
+        ...,
+        pattern=r"^(https?://|arn:aws[a-z-]*:sagemaker:|databricks|file:)",
+        description="The tracking server: http(s)://host:port, a SageMaker managed MLflow tracking server's ARN "
+        "(the execution role needs sagemaker-mlflow:* on it), 'databricks', or file:/path (local runs only).",
+    )
+    experiment: str = Field("toolkit", min_length=1, description="Experiment the runs are logged under.")
+
+
 class TrainingSettings(StrictModel):
     """The optimisation loop (TRL SFTTrainer)."""
 
@@ -135,8 +147,9 @@ class TrainingSettings(StrictModel):
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")
     logging_steps: int = Field(1, ge=1, description="Print a metrics line every N steps.")
     report_to: list[Literal["mlflow", "tensorboard"]] = Field(
-        default_factory=list, description="Also log metrics to these trackers."
+        default_factory=list, description="Also log metrics to these trackers (mlflow: set training.mlflow too)."
     )
+    mlflow: MlflowSettings | None = Field(None, description="The MLflow tracking server, for report_to: [mlflow].")
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
     )
@@ -151,6 +164,17 @@ class TrainingSettings(StrictModel):
         description="Token budget of a packed micro-batch; default data.max_length x per_device_batch_size.",
     )
     merge_adapter: bool = Field(True, description="Also write the adapter merged into the base weights (for vLLM).")
+
+    @model_validator(mode="after")
+    def _mlflow_has_a_server(self) -> TrainingSettings:
+        if "mlflow" in self.report_to and self.mlflow is None:
+            raise ValueError(
+                "training.report_to lists mlflow but training.mlflow.tracking_uri is not set: name the tracking "
+                "server (a job's local mlruns directory is lost when the job ends)"
+            )
+        if self.mlflow is not None and "mlflow" not in self.report_to:
+            raise ValueError("training.mlflow is set but training.report_to does not list mlflow: add it")
+        return self
 
     @model_validator(mode="after")
     def _scheduler_floor(self) -> TrainingSettings:

@@ -225,6 +225,42 @@ def callbacks():
     return [Metrics(), SaveOnSigterm()]
 
 
+def report_to_mlflow(settings: TrainSettings, paths: Paths):
+    """Point transformers' MLflow callback (it reads these variables) at the configured server; a resumed job
+    (spot restart, a rerun without --fresh) continues the same MLflow run, whose id is kept with the checkpoints."""
+    import importlib.util
+
+    from transformers import TrainerCallback
+
+    tracking = settings.training.mlflow
+    assert tracking is not None
+    if importlib.util.find_spec("mlflow") is None:
+        raise RuntimeError(
+            "training.report_to lists mlflow but mlflow is not installed in this environment: "
+            "pip install -r entrypoints/requirements-mlflow.txt (jobs install it themselves)"
+        )
+    os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = tracking.experiment
+    run_id_file, where = (
+        paths.checkpoints / "mlflow-run-id",
+        f"experiment {tracking.experiment!r} at {tracking.tracking_uri}",
+    )
+    if run_id_file.exists():
+        os.environ["MLFLOW_RUN_ID"] = run_id_file.read_text().strip()
+
+    class KeepRunId(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # after MLflowCallback started the run
+            import mlflow
+
+            active = mlflow.active_run()
+            if state.is_world_process_zero and active is not None:
+                run_id_file.parent.mkdir(parents=True, exist_ok=True)
+                run_id_file.write_text(active.info.run_id)
+                log(f"MLflow run {active.info.run_id} in {where}")
+
+    return KeepRunId()
+
+
 def latest_checkpoint(paths: Paths) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -250,6 +286,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if rank() == 0:
         model.print_trainable_parameters()
     hooks = callbacks()
+    if settings.training.mlflow is not None:
+        hooks.append(report_to_mlflow(settings, paths))
     trainer_class, extra = SFTTrainer, dict[str, Any]()
     if settings.training.packing:
         from .packing import collate, packed_dataset, packed_trainer_class

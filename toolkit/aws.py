@@ -31,6 +31,26 @@ def endpoint_url(settings: AwsSettings) -> str | None:
     return settings.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
 
 
+def _every_client_at(made: Any, url: str | None) -> Any:
+    """aws.endpoint_url for every client this session makes, including those the SageMaker SDK makes from it
+    internally (its S3 uploads, its STS and IAM lookups): a config-file override must behave like AWS_ENDPOINT_URL,
+    never send part of a job to the real regional endpoint."""
+    if not url:
+        return made
+    plain_client, plain_resource = made.client, made.resource
+
+    def client(*args: Any, **kwargs: Any) -> Any:
+        kwargs["endpoint_url"] = kwargs.get("endpoint_url") or url
+        return plain_client(*args, **kwargs)
+
+    def resource(*args: Any, **kwargs: Any) -> Any:
+        kwargs["endpoint_url"] = kwargs.get("endpoint_url") or url
+        return plain_resource(*args, **kwargs)
+
+    made.client, made.resource = client, resource
+    return made
+
+
 def session(settings: AwsSettings):
     import boto3
 
@@ -40,7 +60,7 @@ def session(settings: AwsSettings):
             "no AWS credentials found: run `aws configure` or `aws sso login`, "
             "or export AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
         )
-    return made
+    return _every_client_at(made, settings.endpoint_url)
 
 
 class OfflineCall(AwsError):
@@ -58,7 +78,7 @@ def offline_session(settings: AwsSettings):
         raise OfflineCall(f"a dry run must not call AWS, but tried {model.service_model.service_name}.{model.name}")
 
     made.events.register("before-call", refuse)
-    return made
+    return _every_client_at(made, settings.endpoint_url)
 
 
 def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any:

@@ -103,7 +103,30 @@ BROKEN = [
         {"serving": {"instance_type": "ml.g6e.12xlarge", "volume_size_gb": 200}},
         "serving.volume_size_gb: ml.g6e.12xlarge serves from its NVMe instance storage",
     ),
+    ({"training": {"report_to": ["mlflow"]}}, "training.mlflow.tracking_uri is not set"),
+    ({"training": {"mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}}, "training.report_to does not list mlflow"),
+    ({"training": {"report_to": ["mlflow"], "mlflow": {"tracking_uri": "mlflow.example.com"}}}, "tracking_uri"),
+    (
+        {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"max_model_len": 200000}},
+        "serving.max_model_len (200000) is above openai/gpt-oss-20b's context of 131072",
+    ),
+    (
+        {
+            "model": {"id": "openai/gpt-oss-20b"},
+            "serving": {"instance_type": "ml.p5.48xlarge", "tensor_parallel_size": 6},
+        },
+        "serving.tensor_parallel_size (6) does not divide openai/gpt-oss-20b's 64 attention heads",
+    ),
+    (
+        {"model": {"id": "openai/gpt-oss-120b"}, "target": "training-job", "training": {"distributed": "ddp"}},
+        "training.distributed: ddp puts all of openai/gpt-oss-120b (~218 GiB in bf16) on each 80 GiB GPU",
+    ),
 ]
+
+
+def test_ddp_rule_lets_a_model_that_fits_one_gpu_through():
+    assert load_config("gpt-oss-20b-lora", ["target=training-job"]).training.distributed == "ddp"  # 39 GiB on 80
+    assert load_config("gpt-oss-120b-lora", ["target=training-job"]).training.distributed == "fsdp"
 
 
 def test_the_serving_size_check_counts_gib_as_gib():
@@ -142,7 +165,11 @@ def test_missing_file_and_unknown_preset():
 def test_overrides_and_env_interpolation(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("base: tiny-gpt-oss-local\naws:\n  bucket: b-${ACCOUNT}\n  region: ${REGION:-eu-west-1}\n")
-    cfg = load_config(path, ["lora.r=16", "training.report_to=[mlflow]"], env={"ACCOUNT": "42"})
+    cfg = load_config(
+        path,
+        ["lora.r=16", "training.report_to=[mlflow]", "training.mlflow.tracking_uri=http://127.0.0.1:5000"],
+        env={"ACCOUNT": "42"},
+    )
     assert cfg.lora.r == 16 and cfg.training.report_to == ["mlflow"]
     assert cfg.aws.bucket == "b-42" and cfg.aws.region == "eu-west-1"
     with pytest.raises(ConfigError, match=r"aws.bucket: environment variable ACCOUNT is not set"):

@@ -41,7 +41,24 @@ INSTANCES: dict[str, Instance] = {
 
 
 # Parameters (billions) of the models whose merged bf16 weights the serving check sizes against the GPUs
-MODEL_PARAMS_B: dict[str, float] = {"openai/gpt-oss-20b": 20.9, "openai/gpt-oss-120b": 116.8}
+class ModelShape(NamedTuple):
+    """What the checks need of a known model (its Hugging Face config.json)."""
+
+    params_b: float  # total parameters, billions
+    attention_heads: int
+    kv_heads: int
+    context: int  # max_position_embeddings: the longest sequence it takes
+
+    @property
+    def bf16_gib(self) -> float:
+        """Weights in bf16: the merged model we serve, and what training holds (MXFP4 experts dequantized)."""
+        return 2 * self.params_b * 1e9 / 2**30
+
+
+MODELS: dict[str, ModelShape] = {
+    "openai/gpt-oss-20b": ModelShape(20.9, 64, 8, 131072),
+    "openai/gpt-oss-120b": ModelShape(116.8, 64, 8, 131072),
+}
 
 
 def instance(name: str, field: str) -> Instance:

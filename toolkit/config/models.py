@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from toolkit.config.instances import MODEL_PARAMS_B, instance
+from toolkit.config.instances import MODELS, instance
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
 
 TargetName = Literal["local", "training-job", "hyperpod"]
@@ -296,15 +296,51 @@ class Config(TrainSettings):
                 f"({self.data.max_length}): a conversation as long as the training rows would be refused; "
                 "raise serving.max_model_len"
             )
+        shape = MODELS.get(self.model.id)
+        if shape and self.serving.max_model_len > shape.context:
+            raise ValueError(
+                f"serving.max_model_len ({self.serving.max_model_len}) is above {self.model.id}'s context of "
+                f"{shape.context} tokens (vLLM refuses to start): lower serving.max_model_len"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_divides_the_heads(self) -> Config:
+        shape, tp = MODELS.get(self.model.id), self.serving.tensor_parallel_size
+        if shape is None or tp is None:
+            return self
+        if shape.attention_heads % tp or (shape.kv_heads % tp and tp % shape.kv_heads):
+            choices = [n for n in (1, 2, 4, 8) if shape.attention_heads % n == 0 and shape.kv_heads % n == 0]
+            raise ValueError(
+                f"serving.tensor_parallel_size ({tp}) does not divide {self.model.id}'s {shape.attention_heads} "
+                f"attention heads / {shape.kv_heads} KV heads (vLLM refuses to start): use one of {choices}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _ddp_model_fits_one_gpu(self) -> Config:
+        """ddp keeps a whole copy of the (frozen, bf16) model on every GPU; fsdp shards it."""
+        shape = MODELS.get(self.model.id)
+        instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
+        if shape is None or instance_field is None or self.training.distributed != "ddp":
+            return self
+        instance_type = getattr(self, instance_field).instance_type
+        gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
+        if shape.bf16_gib > 0.9 * gpu_gib:  # the rest: LoRA weights, optimizer state, activations
+            raise ValueError(
+                f"training.distributed: ddp puts all of {self.model.id} (~{shape.bf16_gib:.0f} GiB in bf16) on each "
+                f"{gpu_gib} GiB GPU of {instance_type}: set training.distributed: fsdp (shards it over the GPUs) "
+                f"or choose a larger {instance_field}.instance_type"
+            )
         return self
 
     @model_validator(mode="after")
     def _merged_model_fits_the_endpoint(self) -> Config:
-        params = MODEL_PARAMS_B.get(self.model.id)
+        shape = MODELS.get(self.model.id)
         serving = self.serving
-        if params is None or serving.weights != "merged" or serving.tensor_parallel_size is None:
+        if shape is None or serving.weights != "merged" or serving.tensor_parallel_size is None:
             return self
-        weights_gib = 2 * params * 1e9 / 2**30  # the merged model is bf16 (MXFP4 experts dequantized for training)
+        weights_gib = shape.bf16_gib  # the merged model is bf16 (MXFP4 experts dequantized for training)
         usable = serving.tensor_parallel_size * instance(serving.instance_type, "serving.instance_type").gpu_memory_gib
         if weights_gib > 0.8 * usable * serving.gpu_memory_utilization:  # the rest: KV cache, activations
             raise ValueError(

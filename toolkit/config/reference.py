@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,13 +28,21 @@ def _default(field: FieldInfo) -> str:
     return f"`{json.dumps(field.default)}`"
 
 
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """A field that is a section of its own: a model, or an optional model (`X | None`)."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
 def _section(prefix: str, model: type[BaseModel], out: list[str]) -> None:
     nested: list[tuple[str, type[BaseModel]]] = []
     rows = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            nested.append((f"{prefix}{name}", annotation))
+        sub = _section_model(field.annotation)
+        if sub is not None:
+            nested.append((f"{prefix}{name}", sub))
             continue
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | `{_type_name(field)}` | {_default(field)} | {description} |")

@@ -14,3 +14,5 @@ SERVING_CONTEXT = HERE / "containers" / "serving"  # the serving image's build c
 INFRA_TEMPLATE = HERE / "infra" / "toolkit.yaml"  # the CloudFormation stack
 ENTRYPOINTS_DIR = HERE.parent / "entrypoints"  # what runs in the training container (the code channel)
 ENTRYPOINT = ENTRYPOINTS_DIR / "train.py"
+TRAINING_LOCK = ENTRYPOINTS_DIR / "requirements.txt"  # the training stack's exact versions, installed in jobs
+MLFLOW_LOCK = ENTRYPOINTS_DIR / "requirements-mlflow.txt"  # added only when the run reports to MLflow

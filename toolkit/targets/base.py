@@ -78,6 +78,16 @@ def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], f
         time.sleep(poll)
 
 
+def job_requirements(config: Config) -> str:
+    """The requirements file a job installs: the locked training stack, plus MLflow's client only when asked."""
+    from toolkit.resources import MLFLOW_LOCK, TRAINING_LOCK
+
+    text = TRAINING_LOCK.read_text()
+    if "mlflow" in config.train_settings().training.report_to:
+        text += MLFLOW_LOCK.read_text()
+    return text
+
+
 class TargetError(Exception):
     """The target cannot run this job; the message says why and what to do."""
 

@@ -20,7 +20,7 @@ import yaml
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import to_hyperparameters
-from toolkit.targets.base import JobState, Status, TargetError, tail
+from toolkit.targets.base import JobState, Status, TargetError, job_requirements, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 
 CODE_MOUNT = "/opt/toolkit"
@@ -31,9 +31,9 @@ KINDS = {
 }
 
 
-def code_files() -> dict[str, str]:
+def code_files(config: Config) -> dict[str, str]:
     files = {p.name: p.read_text() for p in sorted(ENTRYPOINTS.glob("*.py"))}
-    files["requirements.txt"] = (ENTRYPOINTS / "requirements.txt").read_text()
+    files["requirements.txt"] = job_requirements(config)
     files["multilingual-thinking.jsonl"] = (ENTRYPOINTS / "samples" / "multilingual-thinking.jsonl").read_text()
     return files
 
@@ -95,7 +95,7 @@ def manifests(config: Config) -> list[dict[str, Any]]:
     if hp.priority:
         labels["kueue.x-k8s.io/priority-class"] = hp.priority
     metadata = {"name": config.name, "namespace": hp.namespace, "labels": labels}
-    data = {**code_files(), "hyperparameters.json": json.dumps(to_hyperparameters(config.train_settings()))}
+    data = {**code_files(config), "hyperparameters.json": json.dumps(to_hyperparameters(config.train_settings()))}
     # named by content: a re-submission never changes the code under pods that are still running
     code_map = f"{config.name}-code-" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
     config_map = {

@@ -24,7 +24,7 @@ from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import JobState, Status, TargetError, tail
+from toolkit.targets.base import JobState, Status, TargetError, job_requirements, tail
 
 # The AWS PyTorch training DLC the job runs on (unless training_job.image_uri): the newest release in the
 # SageMaker SDK's own image catalogue, looked up there for every region (registry accounts differ by region).
@@ -97,10 +97,10 @@ def upload_once(s3, config: Config, source: Path) -> str:
     return f"s3://{bucket}/{prefix}/"
 
 
-def stage_code(into: Path) -> Path:
-    """The code channel: the `entrypoints` package (importable as such) and its requirements."""
+def stage_code(into: Path, config: Config) -> Path:
+    """The code channel: the `entrypoints` package (importable as such) and the job's locked requirements."""
     shutil.copytree(ENTRYPOINTS, into / "entrypoints", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy(ENTRYPOINTS / "requirements.txt", into / "requirements.txt")
+    (into / "requirements.txt").write_text(job_requirements(config))
     return into
 
 
@@ -312,7 +312,7 @@ class TrainingJobTarget:
             base_job_name=config.name,
             training_image=job.image_uri or default_image(config.aws.region, job.instance_type),
             source_code=SourceCode(
-                source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")))),
+                source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")), config)),
                 entry_script="entrypoints/train.py",
                 requirements="requirements.txt",
             ),

@@ -100,6 +100,34 @@ def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
     assert json.loads(body)["process_count_per_node"] == 8  # one process per GPU of a p5.48xlarge
 
 
+def test_endpoint_url_in_the_config_reaches_every_client(aws_env, monkeypatch):
+    """aws.endpoint_url from the config file (no AWS_ENDPOINT_URL): the SDK's own clients (its uploads of the
+    code channel, its lookups) go there too, not to the real regional endpoints. Also: the job installs the
+    locked training stack, plus MLflow's client only when the run reports to MLflow."""
+    import toolkit.aws
+    from toolkit.resources import MLFLOW_LOCK, TRAINING_LOCK
+
+    hosts: list[str] = []
+    real_session = toolkit.aws.session
+
+    def spying_session(settings):
+        made = real_session(settings)
+        made.events.register("before-send", lambda request, **_: hosts.append(request.url.split("/")[2]))
+        return made
+
+    monkeypatch.setattr(toolkit.aws, "session", spying_session)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    tracking = ["training.report_to=[mlflow]", "training.mlflow.tracking_uri=https://mlflow.example.com"]
+    job = TARGET.submit(config(aws_env, f"aws.endpoint_url={aws_env['endpoint']}", *tracking))
+    assert job.describe()["TrainingJobStatus"]
+    emulator = aws_env["endpoint"].split("/")[2]
+    assert hosts and set(hosts) == {emulator}, set(hosts)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws_env["endpoint"])  # for the test's own look at the bucket
+    code = next(k for k in keys() if k.endswith("code/requirements.txt"))
+    shipped = boto3.client("s3").get_object(Bucket=aws_env["bucket"], Key=code)
+    assert shipped["Body"].read().decode() == TRAINING_LOCK.read_text() + MLFLOW_LOCK.read_text()
+
+
 def test_metric_regexes_read_the_entrypoint_lines():
     line = ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
             "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
