@@ -128,6 +128,39 @@ def test_endpoint_url_in_the_config_reaches_every_client(aws_env, monkeypatch):
     assert shipped["Body"].read().decode() == TRAINING_LOCK.read_text() + MLFLOW_LOCK.read_text()
 
 
+def test_every_request_the_target_makes_is_one_aws_accepts(aws_env, monkeypatch):
+    """Submit, follow, list, attach, find the latest: each request (the SDK's own included) checked against
+    botocore's service model, patterns and enums included (the emulator accepts more than AWS)."""
+    import toolkit.aws
+
+    sent: list[tuple[str, str, dict]] = []
+    real_session = toolkit.aws.session
+
+    def spying_session(settings):
+        made = real_session(settings)
+
+        def record(params, model, **_):
+            sent.append((model.service_model.service_name, model.name, dict(params)))
+
+        made.events.register("provide-client-params", record)
+        return made
+
+    monkeypatch.setattr(toolkit.aws, "session", spying_session)
+    cfg = config(aws_env, "training_job.hf_token_secret=hf-token")
+    boto3.client("secretsmanager").create_secret(Name="hf-token", SecretString="hf_x")
+    job = TARGET.submit(cfg)
+    backend_job(job.name).training_job_status = "Completed"
+    job.wait(poll_seconds=0.01)
+    list(TARGET.attach(cfg, job.name).logs())
+    TARGET.list(cfg)
+    TARGET.latest_completed(cfg)
+    operations = {operation for _, operation, _ in sent}
+    assert {"CreateTrainingJob", "DescribeTrainingJob", "PutObject", "HeadBucket", "DescribeSecret"} <= operations
+    assert {"ListTrainingJobs"} <= operations, operations
+    for service, operation, params in sent:
+        assert_valid(service, operation, params)
+
+
 def test_metric_regexes_read_the_entrypoint_lines():
     line = ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
             "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
