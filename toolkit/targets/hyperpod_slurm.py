@@ -21,6 +21,7 @@ from toolkit.targets.base import JobState, Status, TargetError, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
 RENDEZVOUS_PORT = 29500
+QUERY_RETRIES = 5  # consecutive failed scontrol queries a wait rides out before giving up
 STATES = {
     "PENDING": Status.PENDING,
     "CONFIGURING": Status.PENDING,
@@ -35,6 +36,10 @@ STATES = {
     "PREEMPTED": Status.STOPPED,
     "REQUEUED": Status.PENDING,
 }
+
+
+class SlurmQueryError(TargetError):
+    """scontrol could not answer (controller unreachable or busy); says nothing about the job itself."""
 
 
 def enroot_image(image: str) -> str:
@@ -100,6 +105,12 @@ class SlurmJob:
 
     def status(self) -> JobState:
         shown = _run("scontrol", "show", "job", self.name, "--oneliner")
+        if shown.returncode != 0 and "invalid job id" not in shown.stderr.lower():
+            # the query failed, not the job: never report a running job as failed
+            raise SlurmQueryError(
+                f"cannot query Slurm job {self.name} (scontrol: {shown.stderr.strip() or shown.returncode}): "
+                "check that slurmctld is reachable from this node (`scontrol ping`), then retry"
+            )
         state = "UNKNOWN"
         for field in shown.stdout.split():
             if field.startswith("JobState="):
@@ -131,13 +142,30 @@ class SlurmJob:
         yield from data[:complete].decode("utf-8", errors="replace").splitlines()
 
     def stop(self) -> None:
-        _run("scancel", self.name)  # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints
+        # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints. scancel exits 0 even when it cancels
+        # nothing (an unknown job id); only --verbose prints why
+        cancelled = _run("scancel", "--verbose", self.name)
+        errors = [line for line in cancelled.stderr.splitlines() if "error:" in line]
+        if any("already completing or completed" in line for line in errors):
+            return
+        if cancelled.returncode != 0 or errors:
+            reason = "; ".join(errors) or cancelled.stderr.strip()
+            raise TargetError(f"scancel {self.name} failed: {reason}; see `squeue -j {self.name}`")
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
         emit = on_line or (lambda line: None)
-        seen = ""
+        seen, failed_queries = "", 0
         while True:
-            state = self.status()
+            try:
+                state = self.status()
+            except SlurmQueryError as exc:  # slurmctld restarting or busy: the job runs on; give it a few polls
+                failed_queries += 1
+                if failed_queries > QUERY_RETRIES:
+                    raise
+                emit(f"[toolkit] {exc} (attempt {failed_queries} of {QUERY_RETRIES}, retrying)")
+                time.sleep(poll_seconds * failed_queries)
+                continue
+            failed_queries = 0
             if state.detail != seen:
                 seen = state.detail
                 emit(f"[toolkit] slurm job {self.name}: {state.status.value} ({state.detail})")

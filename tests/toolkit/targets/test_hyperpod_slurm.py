@@ -11,9 +11,9 @@ import pytest
 
 from tests import slurm_cluster
 from toolkit.config import load_config
-from toolkit.targets.base import Status
+from toolkit.targets.base import Status, TargetError
 from toolkit.targets.hyperpod import TARGET
-from toolkit.targets.hyperpod_slurm import sbatch_script
+from toolkit.targets.hyperpod_slurm import SlurmJob, SlurmQueryError, sbatch_script
 
 pytestmark = [
     pytest.mark.integration,
@@ -74,17 +74,31 @@ def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path):
     assert text.count("[metrics] step=4/4") == 1  # one writer
 
 
-def test_cancel_checkpoints_and_stops(slurm, tmp_path):
+def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
+    """Also: a failed query (here scontrol pointed at no controller, as when slurmctld restarts) is ridden out by
+    wait() and never turned into a FAILED job; a failed scancel is an error, not silence."""
     job = TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"))
+    lines: list[str] = []
 
-    def cancel_once_training(line: str) -> None:
-        if line.startswith("[metrics] step=3/"):
+    def controller_blips_then_cancel(line: str) -> None:
+        lines.append(line)
+        if line.startswith("[metrics] step=1/"):
+            monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+        elif "cannot query Slurm job" in line:
+            monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+        elif line.startswith("[metrics] step=3/"):
             job.stop()
 
-    state = job.wait(cancel_once_training, poll_seconds=0.5)
+    state = job.wait(controller_blips_then_cancel, poll_seconds=0.5)
     assert state.status is Status.STOPPED, state
+    assert any("cannot query Slurm job" in line and "retrying" in line for line in lines)
     checkpoints = list((tmp_path / "toolkit" / "tiny-gpt-oss-local" / "checkpoints").glob("checkpoint-*"))
     assert checkpoints, "no checkpoint survived the cancellation"
+    with pytest.raises(TargetError, match="scancel 4242424 failed: .*[Ii]nvalid job id"):
+        SlurmJob("4242424", tmp_path).stop()
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    with pytest.raises(SlurmQueryError, match=f"cannot query Slurm job {job.name}"):
+        job.status()
 
 
 def test_failure_reports_the_entrypoint_reason(slurm, tmp_path):
