@@ -10,9 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -38,7 +41,20 @@ def code_files(config: Config) -> dict[str, str]:
     return files
 
 
-def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
+def fresh_start_command(root: Path, token: str) -> str:
+    """`--fresh` on EKS, where only the pods reach the shared filesystem: the first pod of this submission to start
+    clears the job's checkpoints and outputs and leaves the submission's token; later pods and restarted pods
+    (the operator's retries) find the token and keep what the run has written, so retries still resume. Every pod
+    runs this before the rendezvous, so no clear can follow a checkpoint."""
+    marker, quoted = shlex.quote(str(root / ".fresh-start")), shlex.quote(token)
+    stale = " ".join(shlex.quote(str(root / name)) for name in ("checkpoints", "model", "output"))
+    return (
+        f'if [ "$(cat {marker} 2>/dev/null)" != {quoted} ]; then '
+        f"rm -rf {stale} && mkdir -p {shlex.quote(str(root))} && echo {quoted} > {marker}; fi"
+    )
+
+
+def _container(config: Config, launcher: list[str], fresh_token: str | None = None) -> dict[str, Any]:
     hp = config.hyperpod
     if not hp.image:
         raise TargetError("hyperpod.image is required on EKS: the training image every pod runs")
@@ -46,7 +62,8 @@ def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
     root = job_dir(config)
     # ConfigMap keys are flat: rebuild the package layout, then launch
     setup = (
-        f"mkdir -p /tmp/toolkit/entrypoints/samples {root}/input/config && "
+        (f"{fresh_start_command(root, fresh_token)} && " if fresh_token else "")
+        + f"mkdir -p /tmp/toolkit/entrypoints/samples {root}/input/config && "
         f"cp {CODE_MOUNT}/*.py /tmp/toolkit/entrypoints/ && "
         f"cp {CODE_MOUNT}/multilingual-thinking.jsonl /tmp/toolkit/entrypoints/samples/ && "
         f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
@@ -70,13 +87,13 @@ def _container(config: Config, launcher: list[str]) -> dict[str, Any]:
     }
 
 
-def _pod_template(config: Config, launcher: list[str], code_map: str) -> dict[str, Any]:
+def _pod_template(config: Config, launcher: list[str], code_map: str, fresh_token: str | None) -> dict[str, Any]:
     hp = config.hyperpod
     return {
         "metadata": {"labels": {"app.kubernetes.io/name": config.name}},
         "spec": {
             "nodeSelector": {"node.kubernetes.io/instance-type": hp.instance_type},
-            "containers": [_container(config, launcher)],
+            "containers": [_container(config, launcher, fresh_token)],
             "volumes": [
                 {"name": "fsx", "persistentVolumeClaim": {"claimName": hp.fsx.claim}},
                 {"name": "code", "configMap": {"name": code_map}},
@@ -86,8 +103,8 @@ def _pod_template(config: Config, launcher: list[str], code_map: str) -> dict[st
     }
 
 
-def manifests(config: Config) -> list[dict[str, Any]]:
-    """The ConfigMap (code + settings) and the job, as Kubernetes objects."""
+def manifests(config: Config, fresh_token: str | None = None) -> list[dict[str, Any]]:
+    """The ConfigMap (code + settings) and the job, as Kubernetes objects; a fresh token starts the run over."""
     hp = config.hyperpod
     labels = {}
     if hp.queue:
@@ -118,14 +135,17 @@ def manifests(config: Config) -> list[dict[str, Any]]:
                         "name": "pods",
                         "replicas": hp.nodes,
                         "template": _pod_template(
-                            config, ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"], code_map
+                            config,
+                            ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"],
+                            code_map,
+                            fresh_token,
                         ),
                     }
                 ],
             },
         }
     else:  # Kubeflow's operator sets PET_* for torchrun (nodes, rank, master)
-        template = _pod_template(config, ["torchrun"], code_map)
+        template = _pod_template(config, ["torchrun"], code_map, fresh_token)
         replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
         if hp.nodes > 1:
             replicas["Worker"] = {"replicas": hp.nodes - 1, "restartPolicy": "OnFailure", "template": template}
@@ -180,7 +200,13 @@ class EksJob:
             "Failed": Status.FAILED,
             "Running": Status.RUNNING,
         }.get(current.get("type", ""), Status.PENDING)
-        return JobState(self.name, status, current.get("message", current.get("type", "")))
+        artifacts = {}
+        if status is Status.COMPLETED:  # on the shared filesystem (FSx), as the pods see it
+            model = job_dir(self.config) / "model"
+            artifacts = {"adapter": str(model / "adapter")}
+            if self.config.training.merge_adapter:
+                artifacts["merged"] = str(model / "merged")
+        return JobState(self.name, status, current.get("message", current.get("type", "")), artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         """Every pod's log, prefixed with the pod name; with follow, new lines until the job ends."""
@@ -235,7 +261,7 @@ class EksOrchestrator:
         from kubernetes.client.exceptions import ApiException
 
         core, custom = _clients(config)
-        config_map, job = manifests(config)
+        config_map, job = manifests(config, fresh_token=uuid.uuid4().hex[:12] if fresh else None)
         namespace = config.hyperpod.namespace
         try:
             try:

@@ -169,9 +169,41 @@ def test_submit_creates_the_config_map_and_job_then_follows_status_and_logs(clus
     )  # fmt: skip
     state = job.wait(poll_seconds=0)
     assert state.status is Status.COMPLETED and state.detail == "job finished"
+    model = "/fsx/toolkit/gpt-oss-120b-lora/model"  # on the shared filesystem, where `toolkit deploy` takes it
+    assert state.artifacts == {"adapter": f"{model}/adapter", "merged": f"{model}/merged"}
 
     job.stop()
     assert cluster.objects(HYPERPOD_JOBS) == {} and cluster.objects("v1/configmaps") == {}
+
+
+def test_fresh_clears_the_run_once_per_submission_and_retries_still_resume(cluster, tmp_path):
+    """--fresh reaches the pods (only they mount FSx): the first pod clears, retried pods resume. The pods' own
+    shell step runs here for real against a directory standing in for the job's FSx path."""
+    from toolkit.targets.hyperpod_eks import fresh_start_command
+
+    ORCHESTRATOR.submit(config(), fresh=True)
+    (job,) = cluster.objects(HYPERPOD_JOBS).values()
+    command = job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][2]
+    assert "/fsx/toolkit/gpt-oss-120b-lora/.fresh-start" in command
+    ORCHESTRATOR.attach(config(), "gpt-oss-120b-lora").stop()
+    ORCHESTRATOR.submit(config())
+    (job,) = cluster.objects(HYPERPOD_JOBS).values()
+    assert ".fresh-start" not in job["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"][2]
+
+    root = tmp_path / "fsx-job"
+    (root / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    (root / "input").mkdir()
+
+    def pod_starts(token: str) -> None:
+        subprocess.run(["bash", "-c", fresh_start_command(root, token)], check=True)
+
+    pod_starts("submission-a")
+    assert not (root / "checkpoints").exists() and (root / "input").exists()  # the old run is gone, data stays
+    (root / "checkpoints" / "checkpoint-2").mkdir(parents=True)  # the new run checkpoints, then a pod restarts
+    pod_starts("submission-a")
+    assert (root / "checkpoints" / "checkpoint-2").exists()
+    pod_starts("submission-b")  # the next --fresh submission
+    assert not (root / "checkpoints").exists()
 
 
 def test_a_job_that_does_not_exist_is_no_such_job(cluster):
@@ -197,8 +229,8 @@ def test_a_manifest_the_cluster_rejects_is_a_422_with_its_reasons(cluster, monke
 
     real = eks.manifests
 
-    def with_a_typo(cfg):  # what a hand-edited or outdated manifest would do
-        config_map, job = real(cfg)
+    def with_a_typo(cfg, **kwargs):  # what a hand-edited or outdated manifest would do
+        config_map, job = real(cfg, **kwargs)
         job["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicyy"] = "OnFailure"
         return [config_map, job]
 
