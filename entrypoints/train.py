@@ -315,6 +315,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     result = trainer.train(resume_from_checkpoint=resume)
     if hooks[1].requested:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
+        if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
+            paths.failure.with_name("stopped").write_text(f"stopped at step {trainer.state.global_step}\n")
         leave_process_group()
         return EXIT_INTERRUPTED
     if settings.training.distributed == "ddp":

@@ -229,7 +229,7 @@ def follow(job):
         try:
             return job.wait(on_line)
         except KeyboardInterrupt:
-            if not getattr(job, "stops_on_interrupt", True):
+            if not job.stops_on_interrupt:
                 progress.stop()
                 err.print(
                     f"detached; {job.name} keeps running. Follow it again with: "

@@ -1,15 +1,18 @@
 """The one small interface every training target implements, and the registry that picks one by name.
 
-Adding a target = one module with a `TARGET` object; nothing else changes.
+Adding a target = one module with a `TARGET` object (a `Target`) whose jobs are `Job`s; nothing else changes.
+Both are abstract: a target that leaves a method out cannot be instantiated, and
+tests/toolkit/targets/test_contract.py runs the same contract against every target.
 """
 
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from toolkit.config import Config
@@ -42,28 +45,46 @@ class JobState:
     artifacts: dict[str, str] = field(default_factory=dict)  # adapter / merged model locations
 
 
-class Job(Protocol):
+class Job(ABC):
+    """A training run on some target, submitted now or found again later (from any machine)."""
+
+    name: str
+    # Ctrl-C while following: True stops the job (it checkpoints); False detaches and the job runs on
+    stops_on_interrupt: bool = False
+
+    @abstractmethod
+    def status(self) -> JobState:
+        """Where the job is; a completed job names its artifacts (adapter, merged model)."""
+
+    @abstractmethod
+    def logs(self, follow: bool = False) -> Iterator[str]:
+        """The job's log lines so far; with follow, new ones until it ends."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Ask the job to checkpoint and stop; `TargetError` when that cannot be done."""
+
+    @abstractmethod
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
+        """Block until the job ends, passing each log or status line to on_line; returns the final state."""
+
+
+class Target(ABC):
+    """Where jobs run: renders, submits and finds jobs."""
+
     name: str
 
-    def status(self) -> JobState: ...
-
-    def logs(self, follow: bool = False) -> Iterator[str]: ...
-
-    def stop(self) -> None: ...
-
-    def wait(self, on_line: Callable[[str], None] | None = None) -> JobState: ...
-
-
-class Target(Protocol):
-    name: str
-
+    @abstractmethod
     def render(self, config: Config) -> str:
-        """What submit would send, for --dry-run: nothing is created."""
-        ...
+        """What submit would send, for --dry-run: nothing is created, nothing is called."""
 
-    def submit(self, config: Config, fresh: bool = False) -> Job: ...
+    @abstractmethod
+    def submit(self, config: Config, fresh: bool = False) -> Job:
+        """Start the job (fresh: drop earlier checkpoints and outputs of this config instead of resuming)."""
 
-    def attach(self, config: Config, job_name: str) -> Job: ...
+    @abstractmethod
+    def attach(self, config: Config, job_name: str) -> Job:
+        """A handle on an existing job; `TargetError` ("no such ... job") when the target does not know it."""
 
 
 def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], follow: bool, poll: float):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from toolkit.config import Config
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import TargetError
+from toolkit.targets.base import Job, Target, TargetError
 from toolkit.targets.jobtree import place_train_channel, write_settings
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
@@ -39,19 +39,19 @@ def stage(config: Config, root: Path) -> None:
     place_train_channel(source, root, copy=True)
 
 
-class HyperPodTarget:
+class HyperPodTarget(Target):
     name = "hyperpod"
 
-    def _delegate(self, config: Config):
+    def _delegate(self, config: Config) -> Target:
         return importlib.import_module(ORCHESTRATORS[config.hyperpod.orchestrator]).ORCHESTRATOR
 
     def render(self, config: Config) -> str:
         return self._delegate(config).render(config)
 
-    def submit(self, config: Config, fresh: bool = False):
+    def submit(self, config: Config, fresh: bool = False) -> Job:
         return self._delegate(config).submit(config, fresh)
 
-    def attach(self, config: Config, job_name: str):
+    def attach(self, config: Config, job_name: str) -> Job:
         return self._delegate(config).attach(config, job_name)
 
 

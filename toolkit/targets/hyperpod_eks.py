@@ -23,7 +23,7 @@ import yaml
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import to_hyperparameters
-from toolkit.targets.base import JobState, Status, TargetError, job_requirements, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 
 CODE_MOUNT = "/opt/toolkit"
@@ -180,7 +180,7 @@ def _clients(config: Config):
 
 
 @dataclass
-class EksJob:
+class EksJob(Job):
     name: str
     config: Config
     stops_on_interrupt = False
@@ -253,7 +253,9 @@ class EksJob:
             time.sleep(poll_seconds)
 
 
-class EksOrchestrator:
+class EksOrchestrator(Target):
+    name = "hyperpod (eks)"
+
     def render(self, config: Config) -> str:
         return yaml.safe_dump_all(manifests(config), sort_keys=False)
 

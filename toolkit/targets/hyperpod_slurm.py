@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.targets.base import JobState, Status, TargetError, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
 RENDEZVOUS_PORT = 29500
@@ -93,7 +93,7 @@ def _run(*command: str) -> subprocess.CompletedProcess:
 
 
 @dataclass
-class SlurmJob:
+class SlurmJob(Job):
     name: str  # the Slurm job id
     root: Path
     stops_on_interrupt = False  # Ctrl-C detaches; `toolkit jobs stop` cancels
@@ -178,7 +178,9 @@ class SlurmJob:
             time.sleep(poll_seconds)
 
 
-class SlurmOrchestrator:
+class SlurmOrchestrator(Target):
+    name = "hyperpod (slurm)"
+
     def render(self, config: Config) -> str:
         return sbatch_script(config)
 
@@ -199,7 +201,9 @@ class SlurmOrchestrator:
         shown = _run("scontrol", "show", "job", job_name, "--oneliner")
         if shown.returncode != 0 and "invalid job id" in shown.stderr.lower():
             raise TargetError(f"no such Slurm job {job_name!r} (scontrol: {shown.stderr.strip()}); see `squeue`")
-        return SlurmJob(job_name, job_dir(config))
+        job = SlurmJob(job_name, job_dir(config))
+        job.status()  # a failed query is an error here too, not a handle on a job nobody could see
+        return job
 
 
 ORCHESTRATOR = SlurmOrchestrator()

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from toolkit.config import Config
 from toolkit.entrypoints.settings import to_hyperparameters
 from toolkit.resources import ENTRYPOINT
-from toolkit.targets.base import JobState, Status, TargetError
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import place_train_channel, settings_file, write_settings
 
 
@@ -40,15 +41,31 @@ def launch_command(config: Config) -> list[str]:
 
 
 @dataclass
-class LocalJob:
+class LocalJob(Job):
+    """Started here (process set) or found again from another shell (its process group id in output/job.pid)."""
+
     name: str
     root: Path
     process: subprocess.Popen | None = None
     stop_requested: bool = False  # torchrun exits 1 on SIGTERM even when the workers checkpointed cleanly
+    stops_on_interrupt = True  # Ctrl-C checkpoints and stops a local run (rerun resumes)
 
     @property
     def log_path(self) -> Path:
         return self.root / "output" / "train.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.root / "output" / "job.pid"
+
+    def _running_elsewhere(self) -> int | None:
+        """The process group of a run started by another toolkit process, while it still runs."""
+        try:
+            pid = int(self.pid_path.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if ENTRYPOINT.name.encode() in cmdline or b"torch.distributed.run" in cmdline else None
 
     def artifacts(self) -> dict[str, str]:
         found = {}
@@ -61,11 +78,11 @@ class LocalJob:
     def status(self) -> JobState:
         failure = self.root / "output" / "failure"
         code = self.process.poll() if self.process else None
-        if self.process and code is None:
+        if (self.process and code is None) or (not self.process and self._running_elsewhere()):
             return JobState(self.name, Status.RUNNING)
         if failure.exists():
             return JobState(self.name, Status.FAILED, failure.read_text().strip())
-        if self.stop_requested or code == 143:
+        if self.stop_requested or code == 143 or (self.root / "output" / "stopped").exists():
             return JobState(self.name, Status.STOPPED, "stopped; run the same command again to resume")
         if code not in (None, 0):
             return JobState(self.name, Status.FAILED, f"exit code {code}; see {self.log_path}")
@@ -74,17 +91,41 @@ class LocalJob:
         return JobState(self.name, Status.PENDING)
 
     def logs(self, follow: bool = False) -> Iterator[str]:
-        if self.log_path.exists():
-            yield from self.log_path.read_text().splitlines()
+        offset = [0]
+
+        def new_lines() -> Iterator[str]:
+            if not self.log_path.exists():
+                return
+            with self.log_path.open("rb") as handle:
+                handle.seek(offset[0])
+                data = handle.read()
+            complete = data.rfind(b"\n") + 1
+            offset[0] += complete
+            yield from data[:complete].decode("utf-8", errors="replace").splitlines()
+
+        return tail(new_lines, lambda: self.status().status.finished, follow, poll=1)
 
     def stop(self) -> None:
         """SIGTERM, as a spot interruption: the entrypoint checkpoints and exits."""
         if self.process and self.process.poll() is None:
             self.stop_requested = True
             os.killpg(self.process.pid, signal.SIGTERM)
+            return
+        elsewhere = None if self.process else self._running_elsewhere()
+        if elsewhere is None:
+            raise TargetError(f"local job {self.name} is not running ({self.status().status.value})")
+        self.stop_requested = True
+        os.killpg(elsewhere, signal.SIGTERM)
 
-    def wait(self, on_line: Callable[[str], None] | None = None) -> JobState:
-        assert self.process and self.process.stdout
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 1) -> JobState:
+        if self.process is None:  # found again: follow its log until it ends
+            for line in self.logs(follow=True):
+                if on_line:
+                    on_line(line)
+            while not self.status().status.finished:
+                time.sleep(poll_seconds)
+            return self.status()
+        assert self.process.stdout
         with self.log_path.open("a") as log:
             for line in self.process.stdout:
                 log.write(line)
@@ -95,7 +136,7 @@ class LocalJob:
         return self.status()
 
 
-class LocalTarget:
+class LocalTarget(Target):
     name = "local"
 
     def render(self, config: Config) -> str:
@@ -122,6 +163,8 @@ class LocalTarget:
             text=True,
             start_new_session=True,  # Ctrl-C reaches us, not the trainer: we stop it cleanly
         )
+        (root / "output").mkdir(parents=True, exist_ok=True)
+        (root / "output" / "job.pid").write_text(str(process.pid))  # for `toolkit jobs` from another shell
         return LocalJob(config.name, root, process)
 
     def attach(self, config: Config, job_name: str) -> LocalJob:
@@ -148,6 +191,8 @@ class LocalTarget:
                 f"{root} holds checkpoints of a different config; resuming would mix runs. "
                 "Pass --fresh to start over, or set local.output_dir to another directory"
             )
+        for outcome in ("failure", "stopped"):  # of an earlier attempt: this one resumes it
+            (root / "output" / outcome).unlink(missing_ok=True)
         write_settings(config, root)
         place_train_channel(config.data.source, root, copy=False)
 

@@ -24,7 +24,7 @@ from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import JobState, Status, TargetError, job_requirements, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
 
 # The AWS PyTorch training DLC the job runs on (unless training_job.image_uri): the newest release in the
 # SageMaker SDK's own image catalogue, looked up there for every region (registry accounts differ by region).
@@ -124,7 +124,7 @@ def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, 
 
 
 @dataclass
-class TrainingJob:
+class TrainingJob(Job):
     """A handle on a SageMaker training job (submitted now or earlier, from any machine)."""
 
     name: str
@@ -213,7 +213,7 @@ def _record(config: Config, state: JobState) -> None:
     path.write_text(json.dumps({"job": state.name, "artifacts": state.artifacts}, indent=2))
 
 
-class TrainingJobTarget:
+class TrainingJobTarget(Target):
     name = "training-job"
 
     def render(self, config: Config) -> str:

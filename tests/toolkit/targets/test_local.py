@@ -49,20 +49,29 @@ def test_stop_checkpoints_then_the_same_command_resumes(tmp_path):
          "training.save_steps=100", "training.merge_adapter=false"],
     )  # fmt: skip
     job = toolkit.train(config)
+    seen: list[str] = []
 
-    def stop_at_step_3(line: str) -> None:
+    def stop_at_step_3(line: str) -> None:  # as `toolkit jobs stop` from another shell would
         if line.startswith("[metrics] step=3/"):
-            job.stop()
+            found = toolkit.job(config, config.name)
+            assert found.status().status is Status.RUNNING
+            found.stop()
 
     state = job.wait(stop_at_step_3)
     assert state.status is Status.STOPPED, state
     saved = list((tmp_path / "run" / "checkpoints").glob("checkpoint-*"))
     assert len(saved) == 1
+    found = toolkit.job(config, config.name)  # later, from anywhere: stopped, and not stoppable again
+    assert found.status().status is Status.STOPPED
+    with pytest.raises(TargetError, match="is not running"):
+        found.stop()
+    assert any(line.startswith("[metrics] step=3/") for line in found.logs())
 
     lines: list[str] = []
     state = toolkit.train(config).wait(lines.append)
     assert state.status is Status.COMPLETED
     assert f"resuming from {saved[0]}" in "\n".join(lines)
+    assert toolkit.job(config, config.name).status().status is Status.COMPLETED
 
 
 def test_output_dir_of_another_config_is_not_mixed_in(tmp_path):
