@@ -43,7 +43,7 @@ def test_every_class_implements_the_whole_contract(cls):
         for parameter, declared in expected.parameters.items():  # same defaults where the base has one
             if declared.default is not inspect.Parameter.empty and parameter != "poll_seconds":
                 assert actual.parameters[parameter].default == declared.default, f"{cls.__name__}.{name}"
-    assert isinstance(cls.name if cls in TARGETS else getattr(cls, "stops_on_interrupt"), (str, bool))
+    assert isinstance(cls.name if cls in TARGETS else cls.stops_on_interrupt, (str, bool))
 
 
 def _hyperpod(orchestrator: str, *overrides: str):

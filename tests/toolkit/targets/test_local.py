@@ -49,7 +49,6 @@ def test_stop_checkpoints_then_the_same_command_resumes(tmp_path):
          "training.save_steps=100", "training.merge_adapter=false"],
     )  # fmt: skip
     job = toolkit.train(config)
-    seen: list[str] = []
 
     def stop_at_step_3(line: str) -> None:  # as `toolkit jobs stop` from another shell would
         if line.startswith("[metrics] step=3/"):
