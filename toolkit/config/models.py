@@ -107,6 +107,11 @@ class HyperPodTarget(StrictModel):
         "python3", description="Slurm without a container image: the Python (with torch) on every node."
     )
     exclusive: bool = Field(True, description="Slurm: take whole nodes (--exclusive).")
+    install: bool = Field(
+        True,
+        description="Install the locked training stack (entrypoints/requirements.txt) into the job's Python on "
+        "every node before launch; false when hyperpod.python or hyperpod.image already holds it.",
+    )
     eks_job_kind: Literal["HyperPodPyTorchJob", "PyTorchJob"] = Field(
         "HyperPodPyTorchJob", description="EKS: HyperPod training operator's job, or Kubeflow's PyTorchJob."
     )

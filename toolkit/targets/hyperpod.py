@@ -12,7 +12,7 @@ from pathlib import Path
 
 from toolkit.config import Config
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import Job, Target, TargetError
+from toolkit.targets.base import Job, Target, TargetError, job_requirements
 from toolkit.targets.jobtree import place_train_channel, write_settings
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
@@ -36,6 +36,7 @@ def stage(config: Config, root: Path) -> None:
     code = root / "code" / "entrypoints"
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(ENTRYPOINTS, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (root / "code" / "requirements.txt").write_text(job_requirements(config))
     place_train_channel(source, root, copy=True)
 
 

@@ -67,7 +67,7 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         f"cp {CODE_MOUNT}/*.py /tmp/toolkit/entrypoints/ && "
         f"cp {CODE_MOUNT}/multilingual-thinking.jsonl /tmp/toolkit/entrypoints/samples/ && "
         f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
-        f"pip install -q -r {CODE_MOUNT}/requirements.txt && "
+        + (f"pip install -q -r {CODE_MOUNT}/requirements.txt && " if hp.install else "")
         + " ".join([*launcher, "/tmp/toolkit/entrypoints/train.py"])
     )
     resources = {"nvidia.com/gpu": str(hp.gpus_per_node)}  # quantities: strings are valid everywhere

@@ -2,8 +2,10 @@
 
 Submitted with `sbatch` from the head node (or any node that mounts the shared filesystem), followed
 with squeue/scontrol and the job's output file, cancelled with scancel (the entrypoint checkpoints on
-SIGTERM). `--requeue` lets Slurm restart a job whose node failed; the entrypoint resumes from its newest
-checkpoint in the job directory.
+SIGTERM). On HyperPod's Slurm, `srun --auto-resume=1` replaces a failed node and restarts in place; elsewhere
+`--requeue` lets Slurm restart the job. Either way the entrypoint resumes from its newest checkpoint in the job
+directory. The script carries the recipes launcher's settings: whole nodes with all their memory, the EFA/NCCL
+environment on EFA instances, and a step that installs the locked training stack on every node.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config import Config
+from toolkit.config.instances import instance
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
@@ -51,34 +54,64 @@ def enroot_image(image: str) -> str:
     return image
 
 
-def sbatch_script(config: Config) -> str:
+# What the HyperPod recipes launcher exports for EFA clusters (NCCL over libfabric's EFA provider)
+EFA_ENVIRONMENT = {
+    "FI_PROVIDER": "efa",
+    "NCCL_DEBUG": "WARN",
+    "NCCL_SOCKET_IFNAME": "^lo,docker0,veth_def_agent",
+    "NCCL_IGNORE_DISABLED_P2P": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_DIST_INIT_BARRIER": "1",
+}
+
+
+def supports_auto_resume() -> bool:
+    """HyperPod's Slurm plugin adds `srun --auto-resume`: it replaces a faulty node and restarts the step in
+    place. Plain Slurm lacks it; there the job is requeued instead."""
+    if not shutil.which("srun"):
+        return False
+    shown = subprocess.run(["srun", "--help"], capture_output=True, text=True)
+    return "--auto-resume" in shown.stdout + shown.stderr
+
+
+def sbatch_script(config: Config, auto_resume: bool | None = None) -> str:
     hp = config.hyperpod
     root = job_dir(config)
     procs = max(hp.gpus_per_node or 0, 1)
+    auto_resume = supports_auto_resume() if auto_resume is None else auto_resume
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={config.name}",
         f"#SBATCH --nodes={hp.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={root}/output/slurm-%j.out",
-        "#SBATCH --requeue",
     ]
+    if not auto_resume:  # a failed node ends the job; Slurm starts it again and the entrypoint resumes
+        lines.append("#SBATCH --requeue")
     if hp.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={hp.gpus_per_node}")
     if hp.exclusive:  # whole nodes, and all of their memory (the recipes launcher does the same)
         lines += ["#SBATCH --exclusive", "#SBATCH --mem=0"]
-    launcher = f"{shlex.quote(hp.python)} -m torch.distributed.run"
+    python = shlex.quote(hp.python)
     container = ""
-    if hp.image:  # pyxis/enroot: the same image as on EKS, the shared filesystem mounted in
+    if hp.image:  # pyxis/enroot: the same image as on EKS, the shared filesystem mounted in; one named
+        # container per job, so what the install step adds is there for the launch step
         mount = shlex.quote(f"{hp.fsx.mount_path}:{hp.fsx.mount_path}")
-        container = f"--container-image={shlex.quote(enroot_image(hp.image))} --container-mounts={mount} "
-        launcher = "python -m torch.distributed.run"
+        container = (
+            f"--container-image={shlex.quote(enroot_image(hp.image))} --container-mounts={mount} "
+            f"--container-name={shlex.quote(config.name)} "
+        )
+        python = "python"
+    lines += ["set -euo pipefail", f"export TOOLKIT_ML_ROOT={shlex.quote(str(root))}", "export PYTHONUNBUFFERED=1"]
+    if hp.gpus_per_node and instance(hp.instance_type, "hyperpod.instance_type").efa:
+        lines += [f"export {name}={shlex.quote(value)}" for name, value in EFA_ENVIRONMENT.items()]
+    if hp.install:
+        requirements = shlex.quote(str(root / "code" / "requirements.txt"))
+        lines.append(f"srun --ntasks-per-node=1 {container}{python} -m pip install -q -r {requirements}")
+    resume = "--auto-resume=1 " if auto_resume else ""
     lines += [
-        "set -euo pipefail",
-        f"export TOOLKIT_ML_ROOT={shlex.quote(str(root))}",
-        "export PYTHONUNBUFFERED=1",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"srun --kill-on-bad-exit=1 {container}{launcher} \\",
+        f"srun {resume}--kill-on-bad-exit=1 {container}{python} -m torch.distributed.run \\",
         f'  --nnodes="$SLURM_NNODES" --nproc-per-node={procs} \\',
         f'  --rdzv-backend=c10d --rdzv-endpoint="$head:{RENDEZVOUS_PORT}" --rdzv-id="$SLURM_JOB_ID" \\',
         f"  {shlex.quote(str(root / 'code' / 'entrypoints' / 'train.py'))}",

@@ -48,6 +48,33 @@ def test_script_has_the_cluster_settings(tmp_path):
     assert f"--container-image=registry/img:1 --container-mounts={tmp_path}:{tmp_path}" in script
     assert f"export TOOLKIT_ML_ROOT={tmp_path}/toolkit/tiny-gpt-oss-local" in script
     assert "#SBATCH --mem=0" in script  # exclusive nodes: all their memory
+    # the recipes launcher's EFA/NCCL environment (p5: EFA), and the locked stack installed inside the job's
+    # named container before the launch step runs in that same container
+    assert "export FI_PROVIDER=efa" in script and "export NCCL_SOCKET_IFNAME='^lo,docker0,veth_def_agent'" in script
+    install = next(line for line in script.splitlines() if "pip install" in line)
+    assert "--container-name=tiny-gpt-oss-local" in install and install.endswith("code/requirements.txt")
+    assert script.index("pip install") < script.index("torch.distributed.run")
+    bare = sbatch_script(config(tmp_path, "hyperpod.instance_type=ml.g5.xlarge", "hyperpod.install=false"))
+    assert "FI_PROVIDER" not in bare and "pip install" not in bare  # no EFA on g5; the Python holds the stack
+
+
+@pytest.mark.skipif(not slurm_cluster.available(), reason="slurm-wlm not installed")
+def test_auto_resume_only_where_the_cluster_has_it(tmp_path, monkeypatch):
+    """This machine's real Slurm has no `--auto-resume` (HyperPod's plugin adds it): the job is requeued instead.
+    HyperPod's srun cannot run here; a stand-in `srun` whose help lists the option plays it."""
+    from toolkit.targets.hyperpod_slurm import supports_auto_resume
+
+    assert not supports_auto_resume()
+    script = sbatch_script(config(tmp_path))
+    assert "#SBATCH --requeue" in script and "--auto-resume" not in script
+    stand_in = tmp_path / "bin" / "srun"
+    stand_in.parent.mkdir()
+    stand_in.write_text("#!/bin/sh\necho '      --auto-resume=<0|1>   HyperPod: resume the job step on node failure'\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in.parent}:{os.environ['PATH']}")
+    assert supports_auto_resume()
+    script = sbatch_script(config(tmp_path))
+    assert "srun --auto-resume=1 --kill-on-bad-exit=1" in script and "--requeue" not in script
 
 
 def test_pyxis_gets_the_image_in_enroots_form():
