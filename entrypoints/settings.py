@@ -136,6 +136,7 @@ class TrainingSettings(StrictModel):
     min_lr_rate: float = Field(0.1, ge=0, le=1, description="Floor of cosine_with_min_lr, as a fraction of the peak.")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Fraction of steps spent warming up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_beta2: float = Field(0.999, gt=0, lt=1, description="AdamW beta2 (the HyperPod recipes use 0.95).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto",
@@ -152,6 +153,11 @@ class TrainingSettings(StrictModel):
     mlflow: MlflowSettings | None = Field(None, description="The MLflow tracking server, for report_to: [mlflow].")
     distributed: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp replicates the model; fsdp shards it (models that do not fit one GPU)."
+    )
+    fsdp_sharding: Literal["full_shard", "hybrid_shard"] = Field(
+        "full_shard",
+        description="fsdp: shard over every GPU of every node (full_shard), or within each node and replicate "
+        "across nodes (hybrid_shard: less inter-node traffic; the HyperPod recipes' choice).",
     )
     packing: bool = Field(
         True,

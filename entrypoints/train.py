@@ -132,7 +132,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
     if t.lr_scheduler == "cosine_with_min_lr":
         extra["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_rate}
     if t.distributed == "fsdp":
-        extra["fsdp"] = "full_shard auto_wrap"
+        extra["fsdp"] = f"{t.fsdp_sharding} auto_wrap"
         extra["fsdp_config"] = {
             "transformer_layer_cls_to_wrap": ["GptOssDecoderLayer"] if settings.model.is_gpt_oss else None,
             "use_orig_params": True,
@@ -151,6 +151,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
         lr_scheduler_type=t.lr_scheduler,
         warmup_steps=t.warmup_ratio,  # transformers 5: a value below 1 is a ratio of the total steps
         weight_decay=t.weight_decay,
+        adam_beta2=t.adam_beta2,
         max_grad_norm=t.max_grad_norm,
         gradient_checkpointing=use_checkpointing(settings) and t.distributed != "fsdp",
         gradient_checkpointing_kwargs={"use_reentrant": False},

@@ -45,10 +45,28 @@ def test_databricks_recipe_settings():
     assert cfg.model.dequantize_mxfp4 and cfg.model.dtype == "bfloat16"
 
 
+# aws/sagemaker-hyperpod-recipes, llmft_gpt_oss_120b_seq4k_gpu_sft_lora.yaml (read 2026-11-30, commit 1d2f3f9)
+HYPERPOD_RECIPE = {
+    "max_len": 4096, "r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "learning_rate": 1e-4,
+    "lr_scheduler": "cosine", "lr_warmup_ratio": 0.1, "adam_betas": (0.9, 0.95), "weight_decay": 0.0,
+    "max_norm": 1.0, "sharding_strategy": "HYBRID_SHARD", "devices": 8,
+}  # fmt: skip
+
+
 def test_hyperpod_recipe_settings():
-    cfg = load_config("gpt-oss-120b-lora")
-    assert cfg.data.max_length == 4096 and cfg.training.max_steps == 50 and cfg.training.save_steps == 10
-    assert cfg.training.distributed == "fsdp" and cfg.hyperpod.gpus_per_node == 8
+    """The preset is the public recipe's, except the differences its comments state (steps, packing,
+    recomputation, attention kernel)."""
+    cfg, recipe = load_config("gpt-oss-120b-lora"), HYPERPOD_RECIPE
+    t = cfg.training
+    assert (cfg.data.max_length, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (
+        recipe["max_len"], recipe["r"], recipe["lora_alpha"], recipe["lora_dropout"])  # fmt: skip
+    assert (t.learning_rate, t.lr_scheduler, t.warmup_ratio, t.weight_decay, t.max_grad_norm) == (
+        recipe["learning_rate"], recipe["lr_scheduler"], recipe["lr_warmup_ratio"], recipe["weight_decay"],
+        recipe["max_norm"])  # fmt: skip
+    assert (0.9, t.adam_beta2) == recipe["adam_betas"]  # beta1: AdamW's default
+    assert t.distributed == "fsdp" and t.fsdp_sharding == recipe["sharding_strategy"].lower()
+    assert cfg.hyperpod.gpus_per_node == recipe["devices"]
+    assert t.max_steps == 50 and t.save_steps == 10  # stated differences: the walkthrough's short run
 
 
 def _schema():
