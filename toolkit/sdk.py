@@ -157,7 +157,7 @@ def render_deploy(
 
     cfg = _as_config(config, overrides)
     endpoints = endpoint.Endpoints(cfg)
-    planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data))
+    planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data, True))
     return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
 
 

@@ -346,13 +346,18 @@ def model_data_fields(model_data: str) -> dict[str, Any]:
     return {"ModelDataUrl": model_data}
 
 
-def model_data(config: Config, explicit: str | None = None) -> str:
-    """What to serve: an explicit S3 URI, serving.model_data, or the latest completed training job's model."""
+def model_data(config: Config, explicit: str | None = None, dry_run: bool = False) -> str:
+    """What to serve: an explicit S3 URI, serving.model_data, the HyperPod run's model (uploaded once) when the
+    config trains on HyperPod, or the latest completed training job's model."""
     chosen = explicit or config.serving.model_data
     if chosen:
         if not chosen.startswith("s3://"):
             raise DeployError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
+    if config.target == "hyperpod":
+        from toolkit.targets.hyperpod import model_for_serving
+
+        return model_for_serving(config, dry_run)
     from toolkit.targets.training_job import TrainingJobTarget
 
     latest = TrainingJobTarget().latest_completed(config)

@@ -57,3 +57,29 @@ class HyperPodTarget(Target):
 
 
 TARGET = HyperPodTarget()
+
+
+def model_for_serving(config: Config, dry_run: bool = False) -> str:
+    """The hand-over from a HyperPod run to `toolkit deploy`: the run's model directory (adapter, merged model,
+    run.json) on the shared filesystem, uploaded once to S3 under a key naming the run, as the S3 prefix an
+    endpoint serves. Runs where the shared filesystem is mounted (the Slurm head node); a dry run names the
+    prefix and uploads nothing."""
+    import hashlib
+
+    from toolkit import aws
+    from toolkit.targets.training_job import upload_once
+
+    model = job_dir(config) / "model"
+    run = model / "run.json"
+    if not run.exists():
+        where = "on the cluster's head node" if config.hyperpod.orchestrator == "slurm" else "where FSx is mounted"
+        raise TargetError(
+            f"no completed HyperPod run of {config.name} in {model}: run `toolkit deploy` {where} after "
+            f"`toolkit train {config.name} --target hyperpod` completes, or set serving.model_data to the model's "
+            "S3 prefix (e.g. exported with an FSx for Lustre data repository task)"
+        )
+    aws.require(config.aws, "bucket")
+    kind, key = f"models/{config.name}", hashlib.sha256(run.read_bytes()).hexdigest()[:16]
+    if dry_run:
+        return f"s3://{config.aws.bucket}/{config.aws.prefix}/{kind}/{key}/"
+    return upload_once(aws.client(config.aws, "s3"), config, model, kind=kind, key=key)

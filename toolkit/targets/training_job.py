@@ -80,11 +80,12 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def upload_once(s3, config: Config, source: Path) -> str:
-    """Upload local data under a content-hash prefix; a marker object proves a complete earlier upload."""
+def upload_once(s3, config: Config, source: Path, kind: str = "data", key: str | None = None) -> str:
+    """Upload a local file or tree under `{prefix}/{kind}/{key}/` (key: the content hash unless given); a marker
+    object proves a complete earlier upload, so a rerun uploads nothing."""
     bucket = config.aws.bucket
-    assert bucket is not None  # the trainer calls aws.require(config.aws, "bucket") first
-    prefix = f"{config.aws.prefix}/data/{content_hash(source)}"
+    assert bucket is not None  # callers check aws.bucket first
+    prefix = f"{config.aws.prefix}/{kind}/{key or content_hash(source)}"
     marker = f"{prefix}/.toolkit-complete"
     try:
         s3.head_object(Bucket=bucket, Key=marker)

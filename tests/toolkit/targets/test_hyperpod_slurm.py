@@ -87,18 +87,47 @@ def test_pyxis_gets_the_image_in_enroots_form():
     assert enroot_image("registry/img:1") == "registry/img:1"  # a Docker Hub user/repository stays as it is
 
 
-def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path):
-    job = TARGET.submit(config(tmp_path, "training.max_steps=4"))
+def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path, aws_env):
+    """Then the hand-over: `toolkit deploy` of a HyperPod config serves this run's model, uploaded once from the
+    shared filesystem to S3 (moto server) and named as the endpoint's S3 prefix."""
+    shared = tmp_path / "shared"
+    cfg = config(
+        shared,
+        "training.max_steps=4",
+        f"aws.role={aws_env['role']}",
+        f"aws.bucket={aws_env['bucket']}",
+        "serving.instance_type=ml.g4dn.xlarge",
+    )  # moto knows older instance types only
+    job = TARGET.submit(cfg)
     lines: list[str] = []
     state = job.wait(lines.append, poll_seconds=1)
     assert state.status is Status.COMPLETED, "\n".join(lines[-30:])
-    root = tmp_path / "toolkit" / "tiny-gpt-oss-local"
+    root = shared / "toolkit" / "tiny-gpt-oss-local"
     assert (root / "model" / "adapter" / "adapter_model.safetensors").exists()
     assert (root / "model" / "merged" / "config.json").exists()
     assert state.artifacts["merged"] == str(root / "model" / "merged")
     text = "\n".join(lines)
     assert "ranks agree on the adapter weights (2 processes" in text
     assert text.count("[metrics] step=4/4") == 1  # one writer
+
+    import boto3
+
+    from toolkit import sdk
+
+    s3 = boto3.client("s3")
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:serve-0123456789ab"
+    planned = sdk.render_deploy(cfg, image_uri=image)  # dry: names the prefix, uploads nothing
+    assert "Contents" not in s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix="toolkit/models/")
+    sdk.deploy(cfg, image_uri=image, poll_seconds=0)
+    model = boto3.client("sagemaker").describe_model(ModelName=planned[0].params["ModelName"])
+    served = model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]["S3Uri"]
+    assert served.startswith(f"s3://{aws_env['bucket']}/toolkit/models/tiny-gpt-oss-local/") and served.endswith("/")
+    prefix = served.split("/", 3)[3]
+    listed = s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix=prefix)["Contents"]
+    names = {o["Key"][len(prefix) :] for o in listed}
+    assert {"merged/config.json", "adapter/adapter_config.json", "run.json"} <= names
+    again = sdk.deploy(cfg, image_uri=image, poll_seconds=0)  # same run: nothing uploaded, nothing changed
+    assert again.actions == [] and s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix=prefix)["Contents"] == listed
 
 
 def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
