@@ -49,10 +49,22 @@ def test_closed_port_is_one_line_and_exit_2(tmp_path):
         f"aws: {{role: 'arn:aws:iam::123456789012:role/x', bucket: toolkit-b, endpoint_url: 'http://127.0.0.1:{closed}'}}\n"
     )
     env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_EC2_METADATA_DISABLED": "true"}
-    for verb in (
+    image = ["--image-uri", "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:1"]
+    for verb in (  # every verb that talks to AWS
         ["jobs", "status", "some-job", "-c", str(config), "--target", "training-job"],
+        ["jobs", "logs", "some-job", "-c", str(config), "--target", "training-job"],
+        ["jobs", "stop", "some-job", "-c", str(config), "--target", "training-job"],
+        ["jobs", "list", "-c", str(config), "--target", "training-job"],
         ["train", str(config), "--target", "training-job"],
+        ["deploy", str(config), *image],
+        ["register", str(config)],
+        ["invoke", str(config), "hello"],
         ["endpoint", "list", "-c", str(config)],
+        ["endpoint", "describe", "-c", str(config)],
+        ["endpoint", "delete", "-c", str(config), "--yes"],
+        ["infra", "deploy", "-c", str(config), "--yes"],
+        ["infra", "outputs", "-c", str(config)],
+        ["infra", "destroy", "-c", str(config), "--yes"],
     ):
         one_line_error(toolkit(*verb, env=env, cwd=tmp_path), 2, "cannot reach")
 
