@@ -605,6 +605,32 @@ def invoke(
         fail("the reply " + "; ".join(problems), code=1)
 
 
+image_app = typer.Typer(help="The toolkit's container images (built with docker, pushed to ECR).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+@image_app.command("build")
+def image_build(
+    kind: Annotated[str, typer.Argument(help="serving (vLLM endpoint) or training (HyperPod pods, training jobs).")],
+    config: JobConfig,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the image URI; build nothing.")] = False,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build an image and push it to ECR unless the registry already has this content's tag; print its URI."""
+    from toolkit import sdk
+
+    if kind not in ("serving", "training"):
+        fail(f"image kind must be serving or training, not {kind!r}", code=2)
+    cfg = load(config, set_)
+    with status(f"building the {kind} image ...") as update:
+        uri = sdk.build_image(cfg, lambda line: update(line[-160:]), kind=kind, dry_run=dry_run)  # type: ignore[arg-type]
+    if as_json:
+        emit_json({"image_uri": uri})
+        return
+    sys.stdout.write(uri + "\n")
+
+
 endpoint_app = typer.Typer(help="SageMaker endpoints made by `toolkit deploy`.", no_args_is_help=True)
 app.add_typer(endpoint_app, name="endpoint")
 

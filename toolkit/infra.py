@@ -210,6 +210,10 @@ def config_overlay(base: str, values: dict[str, str], region: str) -> str:
         overlay["aws"]["prefix"] = values["KeyPrefix"]
     if "KmsKeyArn" in values:
         overlay["training_job"] = {"kms_key_id": values["KmsKeyArn"]}
+    if "RepositoryUri" in values:  # the repositories' names (a non-default NamePrefix changes them)
+        overlay["serving"] = {"repository": values["RepositoryUri"].split("/", 1)[1]}
+    if "TrainingRepositoryUri" in values:
+        overlay["hyperpod"] = {"image_repository": values["TrainingRepositoryUri"].split("/", 1)[1]}
     header = "# Written by `toolkit infra outputs` from the stack's outputs.\n"
     return header + yaml.safe_dump(overlay, sort_keys=False)
 

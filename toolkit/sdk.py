@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
@@ -85,11 +85,18 @@ def _image(cfg: Config, image_uri: str | None, on_progress=None, dry_run: bool =
     return image_uri or cfg.serving.image_uri or ensure_image(cfg, on_progress, dry_run=dry_run)
 
 
-def build_image(config: Config | str | Path, on_progress=None, overrides: Sequence[str] = ()) -> str:
-    """Build containers/serving and push it to ECR (skipped when the registry has this content's tag)."""
+def build_image(
+    config: Config | str | Path,
+    on_progress=None,
+    overrides: Sequence[str] = (),
+    kind: Literal["serving", "training"] = "serving",
+    dry_run: bool = False,
+) -> str:
+    """Build containers/serving or containers/training and push it to ECR (skipped when the registry has this
+    content's tag); returns the image URI. dry_run: the URI only, nothing built."""
     from toolkit.deploy.image import ensure_image
 
-    return ensure_image(_as_config(config, overrides), on_progress)
+    return ensure_image(_as_config(config, overrides), on_progress, dry_run=dry_run, kind=kind)
 
 
 def job(config: Config | str | Path, name: str, target: str | None = None, overrides: Sequence[str] = ()) -> Job:

@@ -77,6 +77,7 @@ class Stack:
         arns = {
             "ArtifactBucket": f"arn:{partition}:s3:::{prefix}-{account}-{region}",
             "Repository": f"arn:{partition}:ecr:{region}:{account}:repository/{prefix}-serving",
+            "TrainingRepository": f"arn:{partition}:ecr:{region}:{account}:repository/{prefix}-training",
             "Key": f"arn:{partition}:kms:{region}:{account}:key/0000-key",
             "ExecutionRole": f"arn:{partition}:iam::{account}:role/{prefix}-sagemaker-execution",
         }

@@ -159,6 +159,7 @@ def training_job_needs(stack: Stack) -> list[tuple[str, str, dict]]:
         ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
         ("ecr:GetDownloadUrlForLayer", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
         ("ecr:GetAuthorizationToken", "*", {}),
+        ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:{a}:repository/toolkit-training", {}),  # training_job.image_uri
         ("logs:CreateLogStream", f"arn:{p}:logs:{r}:{a}:log-group:/aws/sagemaker/TrainingJobs:log-stream:j", {}),
         ("logs:PutLogEvents", f"arn:{p}:logs:{r}:{a}:log-group:/aws/sagemaker/TrainingJobs:log-stream:j", {}),
         ("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TrainingJobs"}),
@@ -185,6 +186,7 @@ def must_be_denied(stack: Stack) -> list[tuple[str, str, dict]]:
         ("s3:PutObject", f"arn:{p}:s3:::my-team-bucket/datasets/x", {}),  # data buckets are read-only
         ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:999988887777:repository/pytorch-training", {}),
         ("ecr:PutImage", f"arn:{p}:ecr:{r}:{a}:repository/toolkit-serving", {}),
+        ("ecr:PutImage", f"arn:{p}:ecr:{r}:{a}:repository/toolkit-training", {}),
         ("secretsmanager:GetSecretValue", f"arn:{p}:secretsmanager:{r}:{a}:secret:prod-db-password-AbCdEf", {}),
         ("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "Billing"}),
         ("iam:PassRole", f"arn:{p}:iam::{a}:role/admin", {}),

@@ -55,6 +55,8 @@ def test_the_wheel_owns_only_the_toolkit_import_name(wheel):
         "toolkit/entrypoints/samples/multilingual-thinking.jsonl",
         "toolkit/resources/containers/serving/Dockerfile",
         "toolkit/resources/containers/serving/serve.py",
+        "toolkit/resources/containers/training/Dockerfile",
+        "toolkit/entrypoints/requirements-mlflow.txt",
         "toolkit/resources/infra/toolkit.yaml",
         "toolkit/presets/tiny-gpt-oss-local.yaml",
     ):

@@ -89,7 +89,15 @@ class HyperPodTarget(StrictModel):
     instance_type: str = Field("ml.p5.48xlarge", description="The cluster's GPU instance type.")
     nodes: int = Field(1, ge=1, description="Nodes for this job.")
     gpus_per_node: int | None = Field(None, ge=0, description="Default: the instance type's GPUs.")
-    image: str | None = Field(None, description="Container image (EKS; Slurm with pyxis).")
+    image: str | None = Field(
+        None, description="Container image (EKS; Slurm with pyxis): `toolkit image build training` makes one."
+    )
+    image_repository: str = Field(
+        "toolkit-training", description="ECR repository of the built training image (`toolkit infra` makes it)."
+    )
+    base_image: str | None = Field(
+        None, description="Training image's base; default: the region's AWS PyTorch training container (DLC)."
+    )
     fsx: FsxSettings = Field(default_factory=FsxSettings)
     job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
 

@@ -1,27 +1,37 @@
-"""The serving image: containers/serving built with docker, tagged by a hash of its content, pushed to ECR.
+"""The toolkit's images, built with docker, tagged by a hash of their content, pushed to ECR:
+
+- serving: containers/serving (vLLM behind SageMaker's hosting contract);
+- training: containers/training (the AWS PyTorch training container + the locked training stack + HyperPod's
+  elastic agent), its context assembled from that Dockerfile and the lock files in entrypoints/.
 
 The tag is a hash of the build context and base image, so an unchanged image is never rebuilt: when the registry
 already has the tag, nothing is built or pushed. Registry credentials come from ECR's GetAuthorizationToken and
-live only in a temporary docker config directory for the push.
+live only in a temporary docker config directory for the build (an ECR base image) and the push.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.deploy import DeployError
-from toolkit.resources import SERVING_CONTEXT
+from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_DOCKERFILE, TRAINING_LOCK
+
+ImageKind = Literal["serving", "training"]
+ECR_HOST = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -42,11 +52,46 @@ class Registry:
         return self.url.split("://", 1)[-1].rstrip("/")
 
 
-def context_tag(context: Path, base_image: str | None) -> str:
+@dataclass(frozen=True)
+class ImageSpec:
+    kind: ImageKind
+    repository: str
+    base_image: str | None  # None: the Dockerfile's pinned base
+
+    @property
+    def tag_prefix(self) -> str:
+        return {"serving": "serve", "training": "train"}[self.kind]
+
+
+def image_spec(config: Config, kind: ImageKind) -> ImageSpec:
+    if kind == "serving":
+        return ImageSpec(kind, config.serving.repository, config.serving.base_image)
+    base = config.hyperpod.base_image
+    if base is None:  # the region's own copy of the DLC the training jobs run (ECR logins are per region)
+        from toolkit.targets.training_job import default_image
+
+        base = default_image(config.aws.region, config.hyperpod.instance_type)
+    return ImageSpec(kind, config.hyperpod.image_repository, base)
+
+
+@contextlib.contextmanager
+def build_context(kind: ImageKind) -> Iterator[Path]:
+    """The directory docker builds from. The training image's is assembled: its Dockerfile and the lock files
+    (one copy of each, in entrypoints/, shipped in the code channel too)."""
+    if kind == "serving":
+        yield SERVING_CONTEXT
+        return
+    with tempfile.TemporaryDirectory(prefix="toolkit-training-image-") as assembled:
+        for source in (TRAINING_DOCKERFILE, TRAINING_LOCK, MLFLOW_LOCK):
+            shutil.copy(source, Path(assembled) / source.name)
+        yield Path(assembled)
+
+
+def context_tag(context: Path, base_image: str | None, prefix: str = "serve") -> str:
     digest = hashlib.sha256((base_image or "").encode())
     for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
-    return "serve-" + digest.hexdigest()[:12]
+    return f"{prefix}-" + digest.hexdigest()[:12]
 
 
 def login(config: Config) -> Registry:
@@ -55,17 +100,18 @@ def login(config: Config) -> Registry:
     return Registry(config.aws.registry_url or data["proxyEndpoint"], username, password)
 
 
-def repository_uri(config: Config, registry: Registry) -> str:
+def repository_uri(config: Config, registry: Registry, spec: ImageSpec) -> str:
     from botocore.exceptions import ClientError
 
-    name = config.serving.repository
+    name = spec.repository
+    field = "serving.repository" if spec.kind == "serving" else "hyperpod.image_repository"
     try:
         aws.client(config.aws, "ecr").describe_repositories(repositoryNames=[name])
     except ClientError as exc:
         if exc.response["Error"]["Code"] == "RepositoryNotFoundException":
             raise DeployError(
-                f"ECR repository {name} does not exist: run `toolkit infra deploy` (it creates toolkit-serving) "
-                "or set serving.repository to yours, or pass --image-uri"
+                f"ECR repository {name} does not exist: run `toolkit infra deploy` (it creates toolkit-serving "
+                f"and toolkit-training) or set {field} to yours"
             ) from None
         raise
     return f"{registry.host}/{name}"
@@ -109,35 +155,46 @@ def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None =
         raise DeployError(f"docker {args[0]} failed (exit {process.returncode}):\n" + "\n".join(tail))
 
 
-def build_flags(config: Config) -> list[str]:
+def build_flags(base_image: str | None) -> list[str]:
     """SageMaker hosting runs linux/amd64 images with a single-platform Docker v2 manifest: BuildKit's provenance
     and SBOM attestations would turn the push into an OCI index, which CreateModel can refuse. The legacy builder
     writes neither (and knows no such flags), so they are passed only where buildx is the builder."""
     flags = ["--network", "host", "--platform", "linux/amd64"]
-    if config.serving.base_image:
-        flags += ["--build-arg", f"BASE_IMAGE={config.serving.base_image}"]
+    if base_image:
+        flags += ["--build-arg", f"BASE_IMAGE={base_image}"]
     buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
     return [*flags, "--provenance=false", "--sbom=false"] if buildx else flags
 
 
-def ensure_image(config: Config, on_progress: Callable[[str], None] | None = None, dry_run: bool = False) -> str:
-    """The serving image's URI in ECR, built and pushed unless the registry already has this content's tag."""
+def ensure_image(
+    config: Config,
+    on_progress: Callable[[str], None] | None = None,
+    dry_run: bool = False,
+    kind: ImageKind = "serving",
+) -> str:
+    """The image's URI in ECR, built and pushed unless the registry already has this content's tag."""
     report = on_progress or (lambda _: None)
-    if not (SERVING_CONTEXT / "Dockerfile").is_file():
-        raise DeployError(f"{SERVING_CONTEXT} not found: build from a toolkit checkout, or pass --image-uri")
-    tag = context_tag(SERVING_CONTEXT, config.serving.base_image)
-    registry = login(config)
-    image = f"{repository_uri(config, registry)}:{tag}"
-    if dry_run:
-        return image
-    if tag_exists(registry, config.serving.repository, tag):
-        report(f"{image} already in the registry: nothing to build")
-        return image
-    report(f"building {image}")
-    _docker(["build", *build_flags(config), "-t", image, str(SERVING_CONTEXT)], report)
-    with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
-        _docker(["--config", docker_config, "login", "--username", registry.username, "--password-stdin",
-                 registry.url], report, stdin=registry.password)  # fmt: skip
-        report(f"pushing {image}")
-        _docker(["--config", docker_config, "push", image], report)
+    spec = image_spec(config, kind)
+    with build_context(kind) as context:
+        if not (context / "Dockerfile").is_file():
+            raise DeployError(f"{context} not found: build from a toolkit checkout, or pass --image-uri")
+        tag = context_tag(context, spec.base_image, spec.tag_prefix)
+        registry = login(config)
+        image = f"{repository_uri(config, registry, spec)}:{tag}"
+        if dry_run:
+            return image
+        if tag_exists(registry, spec.repository, tag):
+            report(f"{image} already in the registry: nothing to build")
+            return image
+        with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
+            base_host = (spec.base_image or "").split("/", 1)[0]
+            for host in dict.fromkeys([registry.url, *([base_host] if ECR_HOST.match(base_host) else [])]):
+                # ECR's token is valid for every registry these credentials may pull from (the DLC's account too)
+                _docker(["--config", docker_config, "login", "--username", registry.username, "--password-stdin",
+                         host], report, stdin=registry.password)  # fmt: skip
+            report(f"building {image}")
+            _docker(["--config", docker_config, "build", *build_flags(spec.base_image), "-t", image, str(context)],
+                    report)  # fmt: skip
+            report(f"pushing {image}")
+            _docker(["--config", docker_config, "push", image], report)
     return image

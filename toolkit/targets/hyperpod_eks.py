@@ -57,7 +57,10 @@ def fresh_start_command(root: Path, token: str) -> str:
 def _container(config: Config, launcher: list[str], fresh_token: str | None = None) -> dict[str, Any]:
     hp = config.hyperpod
     if not hp.image:
-        raise TargetError("hyperpod.image is required on EKS: the training image every pod runs")
+        raise TargetError(
+            "hyperpod.image is required on EKS: the training image every pod runs. Build the toolkit's with "
+            "`toolkit image build training -c CONFIG` (it prints the URI) and set hyperpod.image"
+        )
     spec = instance(hp.instance_type, "hyperpod.instance_type")
     root = job_dir(config)
     # ConfigMap keys are flat: rebuild the package layout, then launch

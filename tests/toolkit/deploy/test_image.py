@@ -8,6 +8,7 @@ What this does not cover: ECR itself (its scanning, immutability, cross-region p
 
 from __future__ import annotations
 
+import json
 import os
 
 import boto3
@@ -71,6 +72,41 @@ def test_build_push_then_skip_when_the_registry_has_the_tag(engine, registry_con
     again: list[str] = []
     assert ensure_image(registry_config, again.append) == image
     assert again == [f"{image} already in the registry: nothing to build"]
+
+
+def test_the_training_image_holds_the_lock_and_the_elastic_agent(engine, aws_env, monkeypatch):
+    """Through the CLI, as a user builds it for HyperPod: the pinned DLC is replaced by the stand-in base here
+    (hyperpod.base_image); what the build installs is the lock shipped in the code channel, plus
+    hyperpod-elastic-agent (its `hyperpodrun` launches a HyperPodPyTorchJob's ranks)."""
+    from typer.testing import CliRunner
+
+    from toolkit.cli import app
+    from toolkit.resources import MLFLOW_LOCK, TRAINING_DOCKERFILE, TRAINING_LOCK
+
+    monkeypatch.setenv("DOCKER_HOST", engine.env["DOCKER_HOST"])
+    boto3.client("ecr", region_name="us-east-1").create_repository(repositoryName="toolkit-training")
+    args = ["image", "build", "training", "-c", "tiny-gpt-oss-local",
+            "--set", f"aws.registry_url={engine.registry_url}", "--set", f"hyperpod.base_image={BASE}"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    image = result.output.strip().splitlines()[-1]
+    assert image.startswith(f"{engine.registry_url.removeprefix('http://')}/toolkit-training:train-")
+
+    def in_image(command: str) -> str:
+        ran = engine.docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c", command)
+        return ran.stdout.decode()
+
+    read = 'while IFS= read -r line; do echo "$line"; done < '
+    assert in_image(read + "/opt/toolkit/requirements.txt") == TRAINING_LOCK.read_text()
+    assert in_image(read + "/opt/toolkit/requirements-mlflow.txt") == MLFLOW_LOCK.read_text()
+    agent = next(line for line in TRAINING_DOCKERFILE.read_text().splitlines() if "ELASTIC_AGENT_VERSION=" in line)
+    pinned = agent.split("=", 1)[1]
+    assert in_image(read + "/opt/python3-calls").strip() == (
+        "-m pip install --no-cache-dir -r /opt/toolkit/requirements.txt -r /opt/toolkit/requirements-mlflow.txt "
+        f"hyperpod-elastic-agent=={pinned}"
+    )
+    again = CliRunner().invoke(app, [*args, "--json"])  # unchanged content: nothing built
+    assert again.exit_code == 0 and json.loads(again.stdout)["image_uri"] == image
 
 
 def registry_manifest(engine, image: str) -> dict:
