@@ -224,6 +224,8 @@ class TrainingJobTarget(Target):
         return json.dumps(request, indent=2, default=str)
 
     def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
+        """Every submission is a new job whose checkpoints live under its own name, so it always starts fresh
+        (`fresh` holds by construction); a spot interruption resumes within the job from those checkpoints."""
         trainer, boto_session = self._trainer(config, dry_run=False)
         try:
             with _signal_relay_as_pid1():
