@@ -58,10 +58,14 @@ def gpt_oss_config(tiny: bool, layers: int | None = None):
     )
 
 
-def build_model(config, device, dtype, attn):
+def build_model(config, device, dtype, attn, experts="toolkit_fused"):
     from transformers import GptOssForCausalLM
 
+    from entrypoints.moe import register
+
+    register()
     config._attn_implementation = attn
+    config._experts_implementation = experts
     torch.manual_seed(0)
     with torch.device(device):
         model = GptOssForCausalLM(config).to(dtype)
@@ -87,11 +91,15 @@ def synthetic_rows(n: int, max_length: int, vocab: int, seed: int = 0) -> list[d
     return rows
 
 
-def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool) -> TrainSettings:
+def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool, experts: str) -> TrainSettings:
     recipe = variant == "recipe"
     return TrainSettings.model_validate(
         {
-            "model": {"id": "openai/gpt-oss-20b", "attn_implementation": "eager" if recipe else FAST_ATTENTION},
+            "model": {
+                "id": "openai/gpt-oss-20b",
+                "attn_implementation": "eager" if recipe else FAST_ATTENTION,
+                "experts_implementation": experts,
+            },
             "data": {"source": "synthetic", "max_length": max_length},
             "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
             "training": {
@@ -151,9 +159,10 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
     return trainer, stamps, tokens
 
 
-def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, out):
-    settings = settings_for(variant, max_length, budget, checkpointing)
+def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, out, experts):
+    settings = settings_for(variant, max_length, budget, checkpointing, experts)
     model.config._attn_implementation = settings.model.attn_implementation
+    model.config._experts_implementation = settings.model.experts_implementation
     trainer, stamps, tokens = make_trainer(model, settings, rows, warmup + steps, out)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -180,9 +189,17 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "tokens_per_s": round(rate * world),
         "tokens_per_s_per_gpu": round(rate),
         "step_s": round(seconds / steps, 3),
+        "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
-        "mfu": round(rate * 6 * ACTIVE_PARAMS_20B / PEAK_BF16_FLOPS, 3),
+        "mfu": round(rate * flops_per_token(checkpointing) / PEAK_BF16_FLOPS, 3),
     }
+
+
+def flops_per_token(checkpointing: bool) -> float:
+    """Matrix FLOPs per trained token on the active parameters, counted as done: forward 2N, backward to the
+    inputs 2N (the base is frozen: no weight gradients; LoRA's are negligible), and another forward 2N when
+    activations are recomputed. Attention's sequence-length term is left out (small at these lengths)."""
+    return (4 + (2 if checkpointing else 0)) * ACTIVE_PARAMS_20B
 
 
 def correctness_gate(config, device, max_length):
@@ -202,6 +219,7 @@ def correctness_gate(config, device, max_length):
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.02)
     results = {}
+    fp32_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     for dtype in (torch.float32, torch.bfloat16):
         model.to(dtype)
         fast_loss, fast = _fast_grads(model, rows, device)
@@ -210,6 +228,14 @@ def correctness_gate(config, device, max_length):
         if FAST_ATTENTION != "eager":  # the recipe's own path with flex: what the attention kernel alone changes
             paths["recipe_flex"] = _recipe_grads(model, rows, device, FAST_ATTENTION)
         results[str(dtype).split(".")[1]] = paths
+    if device != "cpu":  # the fast path with compiled decoder layers (training.compile_layers on GPU)
+        from entrypoints.model import compile_decoder_layers
+
+        compile_decoder_layers(model)
+        for dtype in (torch.float32, torch.bfloat16):
+            model.to(torch.float32).load_state_dict(fp32_weights)  # not weights already rounded through bf16
+            model.to(dtype)
+            results[str(dtype).split(".")[1]]["fast_compiled"] = _fast_grads(model, rows, device)
     reference_loss, reference = results["float32"]["recipe"]
 
     def rel(grads):
@@ -222,26 +248,109 @@ def correctness_gate(config, device, max_length):
             out[f"{path}_{dtype}_grad_rel_err"] = rel(grads)
     # fp32: packing + chunked loss may change nothing beyond what the attention kernel itself changes
     kernel_err = out.get("recipe_flex_float32_grad_rel_err", 0.0)
-    out["passed"] = (
-        out["fast_float32_grad_rel_err"] < max(1e-3, 1.5 * kernel_err)
-        and abs(out["fast_float32_loss"] - reference_loss) / reference_loss < 1e-4
-        and out["fast_bfloat16_grad_rel_err"] <= 1.5 * max(out["recipe_bfloat16_grad_rel_err"], 1e-3)
+    fast_paths = ["fast", "fast_compiled"] if "fast_compiled_float32_loss" in out else ["fast"]
+    out["passed"] = all(
+        out[f"{path}_float32_grad_rel_err"] < max(1e-3, 1.5 * kernel_err)
+        and abs(out[f"{path}_float32_loss"] - reference_loss) / reference_loss < 1e-4
+        and out[f"{path}_bfloat16_grad_rel_err"] <= 1.5 * max(out["recipe_bfloat16_grad_rel_err"], 1e-3)
+        for path in fast_paths
     )
     del model
     return out
+
+
+def compile_diagnosis(config, device) -> dict:
+    """fp32, TF32 off: the fast path's loss and LoRA gradients with compiled decoder layers, with transformers'
+    experts and with the fused ones, against the same path uncompiled (each a fresh model, same weights)."""
+    from entrypoints.model import add_lora, compile_decoder_layers
+    from entrypoints.settings import LoraSettings
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
+    out: dict = {}
+    reference = None
+    runs = [("eager_layers", "toolkit_fused", False), ("compiled_grouped_mm", "grouped_mm", True),
+            ("compiled_fused", "toolkit_fused", True)]  # fmt: skip
+    for label, experts, compiled in runs:
+        model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION, experts), LoraSettings(dropout=0.0),
+                         seed=0)  # fmt: skip
+        torch.manual_seed(5)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+        if compiled:
+            compile_decoder_layers(model)
+        model.get_base_model().config._experts_implementation = experts
+        loss, grads = _fast_grads(model, rows, device, experts)
+        if reference is None:
+            reference = (loss, grads)
+        out[f"{label}_loss"] = loss
+        out[f"{label}_grad_rel_err"] = float((grads - reference[1]).norm() / reference[1].norm())
+        del model
+    return out
+
+
+def moe_block(config, device, tokens: int) -> dict:
+    """One MoE block of the model's shape, frozen bf16 weights, forward + backward to the input: transformers'
+    grouped_mm path against the toolkit's fused path on the same inputs (outputs and input gradients compared
+    against an fp32 run of the reference)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    from entrypoints.moe import register
+
+    register()
+    torch.manual_seed(0)
+    with torch.device(device):
+        block = GptOssMLP(config).to(torch.bfloat16)
+    for parameter in block.parameters():
+        torch.nn.init.normal_(parameter, std=0.02)
+        parameter.requires_grad_(False)
+    hidden = torch.randn(1, tokens, config.hidden_size, device=device, dtype=torch.bfloat16)
+    probe = torch.randn_like(hidden)
+
+    def run(implementation: str, dtype=torch.bfloat16):
+        config._experts_implementation = implementation
+        block.to(dtype)
+        x = hidden.to(dtype).detach().clone().requires_grad_(True)  # a fresh leaf: no gradient carried over
+        out, _ = block(x)
+        (out * probe.to(dtype)).sum().backward()
+        return out.detach().float(), x.grad.float()
+
+    reference = run("grouped_mm", torch.float32)
+    result: dict = {"tokens": tokens}
+    for implementation in ("grouped_mm", "toolkit_fused"):
+        out, grad = run(implementation)
+        result[f"{implementation}_out_rel_err"] = float((out - reference[0]).norm() / reference[0].norm())
+        result[f"{implementation}_grad_rel_err"] = float((grad - reference[1]).norm() / reference[1].norm())
+        for _ in range(3):  # warm-up (and compilation)
+            run(implementation)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            run(implementation)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        result[f"{implementation}_ms"] = round(1000 * sorted(times)[len(times) // 2], 2)
+    result["speedup"] = round(result["grouped_mm_ms"] / result["toolkit_fused_ms"], 2)
+    return result
 
 
 def _trained(rows):
     return sum(sum(1 for t in r["labels"][1:] if t != IGNORE_INDEX) for r in rows)
 
 
-def _fast_grads(model, rows, device):
+def _fast_grads(model, rows, device, experts="toolkit_fused"):
     import datasets
     from trl import SFTConfig
 
     from entrypoints.packing import collate, packed_dataset, packed_trainer_class
 
     model.get_base_model().config._attn_implementation = FAST_ATTENTION
+    model.get_base_model().config._experts_implementation = experts  # the fast path's MoE: fused by default
     packed = packed_dataset(datasets.Dataset.from_list(rows), 4096, seed=0)
     with tempfile.TemporaryDirectory() as out:
         args = SFTConfig(output_dir=out, report_to="none", router_aux_loss_coef=0.0, remove_unused_columns=False,
@@ -259,6 +368,7 @@ def _fast_grads(model, rows, device):
 
 def _recipe_grads(model, rows, device, attention):
     model.get_base_model().config._attn_implementation = attention
+    model.get_base_model().config._experts_implementation = "grouped_mm"  # transformers' own path
     model.zero_grad(set_to_none=True)
     total, trained = 0.0, _trained(rows)
     for row in rows:
@@ -279,6 +389,11 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
     "toolkit": ("toolkit", 2048, None, False, 2),
     "toolkit-8k": ("toolkit", 2048, 8192, False, 2),
     "toolkit-12k": ("toolkit", 2048, 12288, False, 2),
+    "toolkit-12k-ref": ("toolkit", 2048, 12288, False, 2),  # -ref: transformers' grouped_mm experts
+    "toolkit-16k": ("toolkit", 2048, 16384, False, 2),
+    "toolkit-12k-compiled": ("toolkit", 2048, 12288, False, 3),  # -compiled: each decoder layer torch.compiled
+    "toolkit-8k-compiled": ("toolkit", 2048, 8192, False, 3),
+    "recipe-again": ("recipe", 2048, 2048, True, 4),  # the baseline measured twice in one run: its spread
     "toolkit-gc": ("toolkit", 2048, None, True, 2),
     "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
 }
@@ -296,16 +411,25 @@ def run_one(name: str, args, device, dtype) -> dict:
 
     if name == "gate":
         return correctness_gate(gpt_oss_config(args.tiny, layers=2), device, 2048)
+    if name == "compile-diag":
+        return {"name": name, **compile_diagnosis(gpt_oss_config(args.tiny, layers=2), device)}
+    if name == "moe-block":
+        return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
+    experts = "grouped_mm" if variant == "recipe" or name.endswith("-ref") else "toolkit_fused"
     budget = budget or args.budget
     config = gpt_oss_config(args.tiny)
-    experts = EXPERT_PARAMETERS if name in EXPERT_LORA else []
-    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=experts)
-    model = add_lora(build_model(config, device, dtype, "eager"), lora, seed=0)
+    targets = EXPERT_PARAMETERS if name in EXPERT_LORA else []
+    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
+    model = add_lora(build_model(config, device, dtype, "eager", experts), lora, seed=0)
+    if name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
+        from entrypoints.model import compile_decoder_layers
+
+        compile_decoder_layers(model)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     steps = args.steps * (4 if variant == "recipe" else 1)
     with tempfile.TemporaryDirectory() as out:
-        row = measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, Path(out))
+        row = measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, Path(out), experts)
     epoch_tokens = sum(len(r["input_ids"]) for r in synthetic_rows(1000, 2048, config.vocab_size))
     if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
         row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
@@ -353,7 +477,7 @@ def run_all(args) -> None:
                      "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
     rows = []
     for name in args.variants.split(","):
-        if name == "gate" and world > 1:
+        if name in ("gate", "moe-block") and world > 1:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), *(["--tiny"] if args.tiny else [])]  # fmt: skip
@@ -368,9 +492,11 @@ def run_all(args) -> None:
         print(json.dumps(result), flush=True)
         if name == "gate":
             results["correctness"] = result
+        elif name == "moe-block":
+            results["moe_block"] = result
         else:
             rows.append(result)
-    baselines = {r["name"]: r for r in rows if r["name"].startswith("recipe") and "tokens_per_s" in r}
+    baselines = {r["name"]: r for r in rows if r["name"] in ("recipe", "recipe-experts") and "tokens_per_s" in r}
     for row in rows:  # against the recipe with the same LoRA targets, measured in this run
         recipe = baselines.get("recipe-experts" if row["name"] in EXPERT_LORA else "recipe")
         if recipe and "tokens_per_s" in row:
@@ -378,9 +504,10 @@ def run_all(args) -> None:
     results["rows"] = rows
     from common import report
 
-    table = [{k: r.get(k, "") for k in ("name", "attention", "packing", "gc", "max_length", "tokens_per_micro_batch",
-                                         "tokens_per_s", "vs_recipe", "step_s", "peak_mem_gb", "mfu",
-                                         "epoch_1000_rows_min", "error")} for r in rows]  # fmt: skip
+    table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "packing", "gc", "max_length",
+                                         "tokens_per_micro_batch", "tokens_per_s", "vs_recipe", "step_s",
+                                         "peak_mem_gb", "mfu", "epoch_1000_rows_min", "error")}
+             for r in rows]  # fmt: skip
     suffix = "_tiny" if args.tiny else f"_{world}gpu"
     report(f"train_throughput{suffix}{args.tag}", table, results)
 

@@ -62,6 +62,11 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     }
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if settings.is_gpt_oss:
+        from .moe import register
+
+        register()
+        kwargs["experts_implementation"] = settings.experts_implementation
     if settings.dequantize_mxfp4 and is_mxfp4_checkpoint(path, settings.revision):
         from transformers.utils.quantization_config import Mxfp4Config
 
@@ -69,6 +74,16 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False  # training: the KV cache only costs memory
     return model
+
+
+def compile_decoder_layers(model) -> int:
+    """torch.compile every decoder layer in place (the LoRA-wrapped projections inside it too); returns how many.
+    Layer by layer, not the whole model: each layer compiles once and is reused, and graph breaks stay local."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = base.model.layers
+    for layer in layers:
+        layer.compile()
+    return len(layers)
 
 
 def lora_config(settings: LoraSettings):

@@ -278,7 +278,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
-    from .model import add_lora, attention_implementation, load_model, load_tokenizer
+    from .model import add_lora, attention_implementation, compile_decoder_layers, load_model, load_tokenizer
 
     started = time.monotonic()
     tokenizer = load_tokenizer(settings.model)
@@ -286,6 +286,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)
     if rank() == 0:
         model.print_trainable_parameters()
+    if settings.training.compile_layers:  # opt-in: see the setting (its correctness gate does not pass yet)
+        log(f"compiling {compile_decoder_layers(model)} decoder layers (torch.compile; the first steps are slower)")
     hooks = callbacks()
     if settings.training.mlflow is not None:
         hooks.append(report_to_mlflow(settings, paths))
@@ -317,6 +319,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if hooks[1].requested:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
         if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
+            paths.failure.parent.mkdir(parents=True, exist_ok=True)
             paths.failure.with_name("stopped").write_text(f"stopped at step {trainer.state.global_step}\n")
         leave_process_group()
         return EXIT_INTERRUPTED

@@ -152,7 +152,8 @@ def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None =
         tail = [*tail[-19:], line.rstrip()]
         on_line(line.rstrip())
     if process.wait() != 0:
-        raise DeployError(f"docker {args[0]} failed (exit {process.returncode}):\n" + "\n".join(tail))
+        step = args[2] if args[0] == "--config" else args[0]  # build, login, push
+        raise DeployError(f"docker {step} failed (exit {process.returncode}):\n" + "\n".join(tail))
 
 
 def build_flags(base_image: str | None) -> list[str]:
