@@ -222,12 +222,13 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
         )
     import datasets
 
-    tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer))
+    tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on))
     return _enforce_length(tokenized, settings, report)
 
 
-def _tokenize(conversations: list, tokenizer, chunk: int = 256) -> dict[str, list]:
-    """Render + tokenize in chunks (the fast tokenizer encodes a chunk at once); labels from the mask."""
+def _tokenize(conversations: list, tokenizer, loss_on: str = "assistant", chunk: int = 256) -> dict[str, list]:
+    """Render + tokenize in chunks (the fast tokenizer encodes a chunk at once); labels from the assistant mask,
+    or every token (loss_on 'all')."""
     template = training_chat_template(tokenizer)
     input_ids: list[list[int]] = []
     labels: list[list[int]] = []
@@ -241,7 +242,8 @@ def _tokenize(conversations: list, tokenizer, chunk: int = 256) -> dict[str, lis
         )
         for ids, mask in zip(encoded["input_ids"], encoded["assistant_masks"], strict=True):
             input_ids.append(list(ids))
-            labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)])
+            trained = [True] * len(ids) if loss_on == "all" else mask
+            labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, trained, strict=True)])
     return {"input_ids": input_ids, "labels": labels}
 
 

@@ -89,6 +89,11 @@ class DataSettings(StrictModel):
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
     skip_bad_rows: bool = Field(False, description="Skip rows that do not match the schema instead of failing.")
+    loss_on: Literal["assistant", "all"] = Field(
+        "assistant",
+        description="Tokens the loss trains: the assistant's analysis + final (default), or every token, as the "
+        "Databricks recipe does (TRL's default on a messages column).",
+    )
 
 
 class LoraSettings(StrictModel):

@@ -262,6 +262,20 @@ def report_to_mlflow(settings: TrainSettings, paths: Paths):
     return KeepRunId()
 
 
+def batch_semantics(settings: TrainSettings, rows: int, micro_batches: int) -> str:
+    """Packing changes how many rows one optimizer step averages over: say so, next to what the unpacked
+    recipe would do, so that a learning rate or step count taken from it can be rescaled knowingly."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    accumulation = settings.training.gradient_accumulation_steps
+    packed = rows / max(micro_batches, 1) * accumulation * world
+    unpacked = settings.training.per_device_batch_size * accumulation * world
+    return (
+        f"an optimizer step averages ~{packed:.0f} rows ({accumulation} packed micro-batch(es) x {world} rank(s)); "
+        f"unpacked (training.packing: false, the recipes) it would average {unpacked}, with {packed / unpacked:.1f}x "
+        f"as many steps per epoch; loss on: {settings.data.loss_on} tokens"
+    )
+
+
 def latest_checkpoint(paths: Paths) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -300,6 +314,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         )
         dataset = packed_dataset(dataset, budget, settings.training.seed)
         log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
+        log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))
         fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
         trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
     trainer = trainer_class(

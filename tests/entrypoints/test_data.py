@@ -47,6 +47,15 @@ def test_label_mask_trains_exactly_the_assistant_analysis_and_final(tokenizer):
         assert f"reasoning language: {row['reasoning_language']}" in prompt and row["user"] in prompt
 
 
+def test_loss_on_all_trains_every_token_as_the_recipe_does(tokenizer):
+    rows = load_rows(SAMPLE_DATASET).select(range(3))
+    assistant = prepare(rows, tokenizer, settings())
+    everything = prepare(rows, tokenizer, settings(loss_on="all"))
+    for narrow, wide in zip(assistant, everything, strict=True):
+        assert wide["input_ids"] == narrow["input_ids"] and wide["labels"] == wide["input_ids"]
+        assert sum(t != IGNORE_INDEX for t in narrow["labels"]) < len(narrow["labels"])
+
+
 def test_plain_messages_format(tokenizer, tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text(

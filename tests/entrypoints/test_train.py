@@ -33,6 +33,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     curve = losses(result.stdout)
     assert len(curve) == 30
+    assert "an optimizer step averages ~" in result.stdout  # packing's batch semantics, said where it is set
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5 - 0.1, curve  # it learns
 
     adapter, merged = root / "model" / "adapter", root / "model" / "merged"
