@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -97,6 +98,18 @@ def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], f
             yield from new_lines()
             return
         time.sleep(poll)
+
+
+def complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines a growing log file gained after byte `offset`, and the offset after them (bytes, so a
+    multi-byte character split across two reads is never decoded in halves)."""
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        data = handle.read()
+    complete = data.rfind(b"\n") + 1
+    return data[:complete].decode("utf-8", errors="replace").splitlines(), offset + complete
 
 
 def job_requirements(config: Config) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
 RENDEZVOUS_PORT = 29500
@@ -165,14 +165,8 @@ class SlurmJob(Job):
 
     def _new_lines(self) -> Iterator[str]:
         """Complete lines written since the last call; the offset counts bytes (the log holds multi-byte text)."""
-        if not self.output.exists():
-            return
-        with self.output.open("rb") as handle:
-            handle.seek(self._offset)
-            data = handle.read()
-        complete = data.rfind(b"\n") + 1
-        self._offset += complete
-        yield from data[:complete].decode("utf-8", errors="replace").splitlines()
+        lines, self._offset = complete_lines(self.output, self._offset)
+        yield from lines
 
     def stop(self) -> None:
         # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints. scancel exits 0 even when it cancels

@@ -22,7 +22,7 @@ from pathlib import Path
 from toolkit.config import Config
 from toolkit.entrypoints.settings import to_hyperparameters
 from toolkit.resources import ENTRYPOINT
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.jobtree import place_train_channel, settings_file, write_settings
 
 
@@ -94,14 +94,8 @@ class LocalJob(Job):
         offset = [0]
 
         def new_lines() -> Iterator[str]:
-            if not self.log_path.exists():
-                return
-            with self.log_path.open("rb") as handle:
-                handle.seek(offset[0])
-                data = handle.read()
-            complete = data.rfind(b"\n") + 1
-            offset[0] += complete
-            yield from data[:complete].decode("utf-8", errors="replace").splitlines()
+            lines, offset[0] = complete_lines(self.log_path, offset[0])
+            yield from lines
 
         return tail(new_lines, lambda: self.status().status.finished, follow, poll=1)
 
