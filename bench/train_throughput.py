@@ -32,11 +32,11 @@ from entrypoints.data import IGNORE_INDEX
 from entrypoints.settings import TrainSettings
 
 PEAK_BF16_FLOPS = 790e12  # measured on this H200 (8192^3 bf16 matmul, random data)
-ACTIVE_PARAMS_20B = 3.6e9
+ACTIVE_PARAMS = {"20b": 3.6e9, "120b": 5.1e9}
 FAST_ATTENTION = "flex_attention"  # --tiny runs on CPU, where flex cannot do gpt-oss's sinks: eager there
 
 
-def gpt_oss_config(tiny: bool, layers: int | None = None):
+def gpt_oss_config(tiny: bool, layers: int | None = None, size: str = "20b"):
     from transformers import GptOssConfig
 
     if tiny:
@@ -47,6 +47,8 @@ def gpt_oss_config(tiny: bool, layers: int | None = None):
         shape = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
                      num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
                      vocab_size=201088, sliding_window=128)  # fmt: skip
+    if size == "120b" and not tiny:
+        shape.update(num_hidden_layers=36, num_local_experts=128)
     if layers:
         shape["num_hidden_layers"] = layers
     n = shape["num_hidden_layers"]
@@ -71,6 +73,80 @@ def build_model(config, device, dtype, attn, experts="toolkit_fused"):
         model = GptOssForCausalLM(config).to(dtype)
     model.config.use_cache = False
     return model
+
+
+def build_packed_model(config, device, attn):
+    """gpt-oss with MXFP4 experts kept packed (model.experts: mxfp4), random weights built on the GPU: blocks are
+    random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints)."""
+    from transformers import GptOssForCausalLM
+
+    from entrypoints.mxfp4 import Mxfp4Experts, rebuild_rotary, swap_experts
+
+    config._attn_implementation = attn
+    with torch.device("meta"):
+        model = GptOssForCausalLM(config).to(torch.bfloat16)
+        swap_experts(model, torch.bfloat16)
+    model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, 0.02, generator=generator)
+        for module in model.modules():
+            if isinstance(module, Mxfp4Experts):
+                for projection in ("gate_up_proj", "down_proj"):
+                    getattr(module, f"{projection}_blocks").random_(0, 256, generator=generator)
+                    getattr(module, f"{projection}_scales").random_(119, 122, generator=generator)
+    rebuild_rotary(model, device)
+    model.config.use_cache = False
+    return model
+
+
+def unpacked_copy(packed, config, device, dtype):
+    """The same model with its experts dequantized into transformers' bf16 experts (model.experts: bf16)."""
+    from entrypoints.mxfp4 import Mxfp4Experts
+
+    model = build_model(config, device, dtype, FAST_ATTENTION)
+    state = {k: v for k, v in packed.state_dict().items() if "_blocks" not in k and "_scales" not in k}
+    model.load_state_dict(state, strict=False)
+    for mine, theirs in zip(model.model.layers, packed.model.layers, strict=True):
+        experts = theirs.mlp.experts
+        assert isinstance(experts, Mxfp4Experts)
+        with torch.no_grad():
+            mine.mlp.experts.gate_up_proj.copy_(experts.dequantized("gate_up_proj", dtype))
+            mine.mlp.experts.down_proj.copy_(experts.dequantized("down_proj", dtype))
+    return model.to(dtype)
+
+
+def packed_gate(config, device) -> dict:
+    """model.experts: mxfp4 against the same weights dequantized at load (bf16 experts), fast path, LoRA gradients:
+    fp32 (TF32 off) must agree to rounding; bf16 is reported."""
+    from entrypoints.model import add_lora
+    from entrypoints.settings import LoraSettings
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
+    out: dict = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        results = []
+        packed = build_packed_model(config, device, FAST_ATTENTION).to(dtype)
+        for model in (packed, unpacked_copy(packed, config, device, dtype)):
+            model = add_lora(model, LoraSettings(dropout=0.0), seed=0)
+            torch.manual_seed(5)
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    torch.nn.init.normal_(param, std=0.02)
+            results.append(_fast_grads(model, rows, device))
+        (loss, grads), (ref_loss, ref_grads) = results
+        key = str(dtype).split(".")[1]
+        out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
+        out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
+        del packed
+    out["passed"] = out["float32_grad_rel_err"] < 1e-4 and out["float32_loss_rel_diff"] < 1e-5
+    return out
 
 
 def tokenizer():
@@ -159,7 +235,7 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
     return trainer, stamps, tokens
 
 
-def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, out, experts):
+def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, out, experts, size="20b"):
     settings = settings_for(variant, max_length, budget, checkpointing, experts)
     model.config._attn_implementation = settings.model.attn_implementation
     model.config._experts_implementation = settings.model.experts_implementation
@@ -191,15 +267,15 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "step_s": round(seconds / steps, 3),
         "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
-        "mfu": round(rate * flops_per_token(checkpointing) / PEAK_BF16_FLOPS, 3),
+        "mfu": round(rate * flops_per_token(checkpointing, size) / PEAK_BF16_FLOPS, 3),
     }
 
 
-def flops_per_token(checkpointing: bool) -> float:
+def flops_per_token(checkpointing: bool, size: str = "20b") -> float:
     """Matrix FLOPs per trained token on the active parameters, counted as done: forward 2N, backward to the
     inputs 2N (the base is frozen: no weight gradients; LoRA's are negligible), and another forward 2N when
     activations are recomputed. Attention's sequence-length term is left out (small at these lengths)."""
-    return (4 + (2 if checkpointing else 0)) * ACTIVE_PARAMS_20B
+    return (4 + (2 if checkpointing else 0)) * ACTIVE_PARAMS[size]
 
 
 def correctness_gate(config, device, max_length):
@@ -208,18 +284,11 @@ def correctness_gate(config, device, max_length):
     Run in fp32 (where the two must agree to rounding) and in bf16; the bf16 tolerance is the recipe's own
     bf16 error against its fp32 result, measured here on the same rows.
     """
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
-
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 must mean fp32 for the strict comparison
     torch.backends.cudnn.allow_tf32 = False
     rows = synthetic_rows(3, min(max_length, 600), config.vocab_size, seed=1)
-    model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
-    for name, param in model.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.02)
-    results = {}
-    fp32_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    results: dict = {}
+    model = _gate_model(config, device)
     for dtype in (torch.float32, torch.bfloat16):
         model.to(dtype)
         fast_loss, fast = _fast_grads(model, rows, device)
@@ -228,14 +297,18 @@ def correctness_gate(config, device, max_length):
         if FAST_ATTENTION != "eager":  # the recipe's own path with flex: what the attention kernel alone changes
             paths["recipe_flex"] = _recipe_grads(model, rows, device, FAST_ATTENTION)
         results[str(dtype).split(".")[1]] = paths
+    del model
     if device != "cpu":  # the fast path with compiled decoder layers (training.compile_layers on GPU)
         from entrypoints.model import compile_decoder_layers
 
-        compile_decoder_layers(model)
         for dtype in (torch.float32, torch.bfloat16):
-            model.to(torch.float32).load_state_dict(fp32_weights)  # not weights already rounded through bf16
-            model.to(dtype)
+            # A fresh model per dtype: `.to(bf16).to(fp32)` leaves non-persistent buffers (the rotary inv_freq)
+            # rounded to bf16, which load_state_dict does not restore -- that, not the compiler, made an earlier
+            # version of this gate report bf16-sized fp32 errors for the compiled path.
+            model = _gate_model(config, device).to(dtype)
+            compile_decoder_layers(model)
             results[str(dtype).split(".")[1]]["fast_compiled"] = _fast_grads(model, rows, device)
+            del model
     reference_loss, reference = results["float32"]["recipe"]
 
     def rel(grads):
@@ -255,15 +328,26 @@ def correctness_gate(config, device, max_length):
         and out[f"{path}_bfloat16_grad_rel_err"] <= 1.5 * max(out["recipe_bfloat16_grad_rel_err"], 1e-3)
         for path in fast_paths
     )
-    del model
     return out
+
+
+def _gate_model(config, device):
+    """The gate's model: fixed random weights, LoRA with non-zero B so every adapter gets a gradient."""
+    from entrypoints.model import add_lora
+    from entrypoints.settings import LoraSettings
+
+    model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
+    torch.manual_seed(5)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
+    return model
 
 
 def compile_diagnosis(config, device) -> dict:
     """fp32, TF32 off: the fast path's loss and LoRA gradients with compiled decoder layers, with transformers'
     experts and with the fused ones, against the same path uncompiled (each a fresh model, same weights)."""
-    from entrypoints.model import add_lora, compile_decoder_layers
-    from entrypoints.settings import LoraSettings
+    from entrypoints.model import compile_decoder_layers
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -273,12 +357,7 @@ def compile_diagnosis(config, device) -> dict:
     runs = [("eager_layers", "toolkit_fused", False), ("compiled_grouped_mm", "grouped_mm", True),
             ("compiled_fused", "toolkit_fused", True)]  # fmt: skip
     for label, experts, compiled in runs:
-        model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION, experts), LoraSettings(dropout=0.0),
-                         seed=0)  # fmt: skip
-        torch.manual_seed(5)
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.02)
+        model = _gate_model(config, device)
         if compiled:
             compile_decoder_layers(model)
         model.get_base_model().config._experts_implementation = experts
@@ -397,6 +476,15 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
     "toolkit-gc": ("toolkit", 2048, None, True, 2),
     "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
 }
+PACKED = {  # model.experts: mxfp4. name: (shape, max_length, tokens per micro-batch, checkpointing, warmup)
+    "20b-mxfp4-12k": ("20b", 2048, 12288, False, 2),  # against toolkit-12k: what on-the-fly dequantization costs
+    "120b-mxfp4-4k-gc": ("120b", 4096, 4096, True, 2),
+    "120b-mxfp4-8k-gc": ("120b", 4096, 8192, True, 2),
+    "120b-mxfp4-12k-gc": ("120b", 4096, 12288, True, 2),
+    "120b-mxfp4-16k-gc": ("120b", 4096, 16384, True, 2),
+    "120b-mxfp4-24k-gc": ("120b", 4096, 24576, True, 2),
+    "120b-mxfp4-8k": ("120b", 4096, 8192, False, 2),
+}
 EXPERT_LORA = {  # the same with LoRA on the MoE experts too
     "recipe-experts": "recipe",
     "toolkit-experts": "toolkit-gc",
@@ -415,6 +503,10 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **compile_diagnosis(gpt_oss_config(args.tiny, layers=2), device)}
     if name == "moe-block":
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
+    if name == "mxfp4-gate":
+        return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
+    if name in PACKED:
+        return run_packed(name, args, device)
     variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
     experts = "grouped_mm" if variant == "recipe" or name.endswith("-ref") else "toolkit_fused"
     budget = budget or args.budget
@@ -434,6 +526,25 @@ def run_one(name: str, args, device, dtype) -> dict:
     if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
         row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
     return {"name": name, **row}
+
+
+def run_packed(name: str, args, device) -> dict:
+    """gpt-oss with packed MXFP4 experts; 120b: LoRA r16/alpha32 on q/k/v/o (the HyperPod recipe's), 4,096-token
+    rows."""
+    from entrypoints.model import add_lora
+    from entrypoints.settings import LoraSettings
+
+    size, max_length, budget, checkpointing, warmup = PACKED[name]
+    config = gpt_oss_config(args.tiny, size=size)
+    lora = LoraSettings(r=8, alpha=16, dropout=0.0)
+    if size == "120b":
+        lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = add_lora(build_packed_model(config, device, "eager"), lora, seed=0)
+    rows = synthetic_rows(args.rows, max_length, config.vocab_size)
+    with tempfile.TemporaryDirectory() as out:
+        row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
+                      "toolkit_fused", size)  # fmt: skip
+    return {"name": name, **row, "experts": "mxfp4 (packed)"}
 
 
 def main() -> None:
@@ -477,7 +588,7 @@ def run_all(args) -> None:
                      "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
     rows = []
     for name in args.variants.split(","):
-        if name in ("gate", "moe-block") and world > 1:
+        if name in ("gate", "moe-block", "mxfp4-gate") and world > 1:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), *(["--tiny"] if args.tiny else [])]  # fmt: skip
@@ -494,6 +605,8 @@ def run_all(args) -> None:
             results["correctness"] = result
         elif name == "moe-block":
             results["moe_block"] = result
+        elif name == "mxfp4-gate":
+            results["mxfp4_correctness"] = result
         else:
             rows.append(result)
     baselines = {r["name"]: r for r in rows if r["name"] in ("recipe", "recipe-experts") and "tokens_per_s" in r}

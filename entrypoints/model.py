@@ -51,10 +51,13 @@ def load_tokenizer(settings: ModelSettings):
 
 
 def load_model(settings: ModelSettings, device_map: str | dict | None = None):
-    """The base model in the compute dtype; MXFP4 experts are dequantized so LoRA can train on them."""
+    """The base model in the compute dtype; MXFP4 experts are dequantized so LoRA can train on them, or kept
+    packed (`model.experts: mxfp4`)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(settings)
+    if settings.experts == "mxfp4":
+        return load_packed_model(settings, path)
     kwargs: dict = {
         "dtype": compute_dtype(settings),
         "attn_implementation": attention_implementation(settings),
@@ -74,6 +77,32 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False  # training: the KV cache only costs memory
     return model
+
+
+def load_packed_model(settings: ModelSettings, path: str):
+    """gpt-oss with MXFP4 experts kept packed, streamed to this process's GPU (CPU without one)."""
+    import os
+
+    import torch
+
+    from .mxfp4 import load_packed
+
+    if not is_mxfp4_checkpoint(path, settings.revision):
+        raise ValueError(
+            f"model.experts: mxfp4 needs an MXFP4 checkpoint (openai/gpt-oss-*); {settings.id} stores its experts "
+            "unquantized: set model.experts: bf16"
+        )
+    local = Path(path) if Path(path).is_dir() else _snapshot(path, settings.revision)
+    device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+    model = load_packed(str(local), compute_dtype(settings), device, attention_implementation(settings))
+    model.config.use_cache = False
+    return model
+
+
+def _snapshot(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, revision=revision, allow_patterns=["*.json", "*.safetensors"]))
 
 
 def compile_decoder_layers(model) -> int:
@@ -115,9 +144,13 @@ def save_merged(peft_model, tokenizer, out: Path) -> None:
     `save_original_format=False`: a model loaded through MXFP4 dequantization would otherwise write
     bf16 experts under the MXFP4 names, which transformers silently re-initialises on reload.
     """
+    from .mxfp4 import Mxfp4Experts
+
     merged = peft_model.merge_and_unload()
-    if getattr(merged.config, "quantization_config", None) is not None:
-        del merged.config.quantization_config
+    packed = any(isinstance(module, Mxfp4Experts) for module in merged.modules())
+    if not packed and getattr(merged.config, "quantization_config", None) is not None:
+        del merged.config.quantization_config  # the experts were dequantized: saved as bf16
     merged.config.use_cache = True
+    # packed experts (model.experts: mxfp4) are saved as they were loaded: MXFP4 blocks + scales, config unchanged
     merged.save_pretrained(out, safe_serialization=True, save_original_format=False)
     tokenizer.save_pretrained(out)

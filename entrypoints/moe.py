@@ -54,8 +54,21 @@ def _kernel(name: str, function, device_type: str):
 
 def fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Drop-in for transformers' experts forward (same arguments, same result)."""
-    import torch
     from transformers.integrations.moe import _grouped_mm
+
+    def gate_up(rows, offsets):
+        return _grouped_mm(rows, self.gate_up_proj, offs=offsets)
+
+    def down(rows, offsets):
+        return _grouped_mm(rows, self.down_proj, offs=offsets)
+
+    return fused_experts(self, hidden_states, top_k_index, top_k_weights, gate_up, down)
+
+
+def fused_experts(experts, hidden_states, top_k_index, top_k_weights, gate_up, down):
+    """The fused path around two grouped GEMMs `gate_up(rows, offsets)` and `down(rows, offsets)` (bf16 weights
+    here, MXFP4 weights dequantized on the fly in entrypoints/mxfp4.py); `experts` holds the biases and SwiGLU."""
+    import torch
 
     num_tokens, top_k = top_k_index.shape
     device = hidden_states.device
@@ -63,16 +76,16 @@ def fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=device)
     rows = hidden_states[order // top_k]
-    counts = torch.bincount(expert_ids, minlength=self.num_experts)
+    counts = torch.bincount(expert_ids, minlength=experts.num_experts)
     offsets = torch.cumsum(counts, dim=0, dtype=torch.int32)
     weights = top_k_weights.reshape(-1)[order]
 
-    gate_up = _grouped_mm(rows, self.gate_up_proj, offs=offsets)
     swiglu = _kernel("bias_swiglu", _bias_swiglu, device.type)
-    activated = swiglu(gate_up, self.gate_up_proj_bias, expert_ids, self.alpha, self.limit)
-    down = _grouped_mm(activated, self.down_proj, offs=offsets)
+    activated = swiglu(gate_up(rows, offsets), experts.gate_up_proj_bias, expert_ids, experts.alpha, experts.limit)
+    projected = down(activated, offsets)
     combine = _kernel("bias_weight_combine", _bias_weight_combine, device.type)
-    out = combine(down, self.down_proj_bias, expert_ids, weights.to(down.dtype), inverse, num_tokens, top_k)
+    out = combine(projected, experts.down_proj_bias, expert_ids, weights.to(projected.dtype), inverse, num_tokens,
+                  top_k)  # fmt: skip
     return out.to(hidden_states.dtype)
 
 

@@ -58,6 +58,13 @@ class ModelSettings(StrictModel):
         "at a time.",
     )
 
+    experts: Literal["bf16", "mxfp4"] = Field(
+        "bf16",
+        description="gpt-oss MXFP4 checkpoints: bf16 = experts dequantized at load (trainable with expert LoRA); "
+        "mxfp4 = experts kept packed on the GPU and dequantized per layer on the fly (4x less memory: "
+        "gpt-oss-120b fits one GPU; frozen experts, LoRA on attention only; ddp; the merged model stays MXFP4).",
+    )
+
     @property
     def is_gpt_oss(self) -> bool:
         return "gpt-oss" in self.id.lower()
@@ -154,10 +161,11 @@ class TrainingSettings(StrictModel):
         description="Recompute activations: less memory, ~30% more compute. auto: on for FSDP and for GPUs "
         "under 100 GiB (H100/A100), off on larger ones (H200/B200) and on CPU.",
     )
-    compile_layers: bool = Field(
-        False,
-        description="Experimental: torch.compile each decoder layer (one H200, 20b shape: 23.8k vs 17.4k tokens/s) "
-        "-- off because the bench's correctness gate does not pass for it yet (fp32 gradients differ).",
+    compile_layers: bool | Literal["auto"] = Field(
+        "auto",
+        description="torch.compile each decoder layer (one H200, 20b shape: 23.8k vs 17.4k tokens/s). auto: on "
+        "for packed ddp training on a GPU without recomputation (the combination the bench's correctness gate "
+        "checks), off elsewhere; the first steps are slower while the layers compile.",
     )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
@@ -233,6 +241,27 @@ class TrainSettings(StrictModel):
             raise ValueError(
                 f"lora.target_parameters: gpt-oss has no parameter(s) {', '.join(unknown)}; use "
                 f"{', '.join(GPT_OSS_EXPERT_PARAMETERS)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _packed_experts_are_frozen(self) -> TrainSettings:
+        if self.model.experts != "mxfp4":
+            return self
+        if not self.model.is_gpt_oss or self.model.id == TINY_GPT_OSS:
+            raise ValueError(
+                f"model.experts: mxfp4 is for gpt-oss MXFP4 checkpoints; {self.model.id} is not one: set "
+                f"model.experts: bf16 (or model.id: {TINY_GPT_OSS_MXFP4} to try it)"
+            )
+        if self.lora.target_parameters:
+            raise ValueError(
+                "lora.target_parameters trains the experts, which model.experts: mxfp4 keeps frozen and packed: "
+                "remove lora.target_parameters or set model.experts: bf16"
+            )
+        if self.training.distributed != "ddp":
+            raise ValueError(
+                "model.experts: mxfp4 trains with training.distributed: ddp (each GPU holds the packed model; "
+                "gpt-oss-120b packed is ~65 GB): set ddp, or model.experts: bf16 for fsdp"
             )
         return self
 

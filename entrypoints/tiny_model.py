@@ -113,7 +113,8 @@ def build_tokenizer():
     return tokenizer
 
 
-def _build(out: Path, mxfp4: bool) -> None:
+def _build(out: Path, mxfp4: bool, pretrain: bool = True) -> None:
+    """pretrain=False: random weights (benchmarks that only need the architecture and the tokenizer)."""
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -142,7 +143,8 @@ def _build(out: Path, mxfp4: bool) -> None:
         for name, param in model.named_parameters():
             if "experts" in name and param.dim() >= 2:
                 param.normal_(0.0, 0.02)
-    _pretrain(model, tokenizer)
+    if pretrain:
+        _pretrain(model, tokenizer)
     if mxfp4:
         _save_mxfp4(model, out)
     else:

@@ -119,6 +119,18 @@ def use_checkpointing(settings: TrainSettings) -> bool:
     return torch.cuda.get_device_properties(0).total_memory < 100 * 2**30
 
 
+def use_compiled_layers(settings: TrainSettings) -> bool:
+    """`auto`: only where the bench's gate compares compiled against reference gradients (bench/train_throughput.py):
+    a GPU, ddp, packed fixed-width micro-batches, no recomputation."""
+    import torch
+
+    wanted = settings.training.compile_layers
+    if wanted != "auto":
+        return bool(wanted)
+    t = settings.training
+    return torch.cuda.is_available() and t.distributed == "ddp" and t.packing and not use_checkpointing(settings)
+
+
 def sft_config(settings: TrainSettings, paths: Paths):
     import torch
     from trl import SFTConfig
@@ -300,7 +312,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)
     if rank() == 0:
         model.print_trainable_parameters()
-    if settings.training.compile_layers:  # opt-in: see the setting (its correctness gate does not pass yet)
+    if use_compiled_layers(settings):
         log(f"compiling {compile_decoder_layers(model)} decoder layers (torch.compile; the first steps are slower)")
     hooks = callbacks()
     if settings.training.mlflow is not None:

@@ -86,6 +86,23 @@ def test_schema_validates_every_shipped_yaml(source):
 
 
 BROKEN = [
+    (
+        {"model": {"id": "openai/gpt-oss-20b", "experts": "mxfp4"}},
+        "remove lora.target_parameters or set model.experts: bf16",
+    ),
+    (
+        {
+            "model": {"id": "openai/gpt-oss-20b", "experts": "mxfp4"},
+            "lora": {"target_parameters": []},
+            "training": {"distributed": "fsdp"},
+        },
+        "model.experts: mxfp4 trains with",
+    ),
+    (
+        {"model": {"id": "builtin:tiny-gpt-oss", "experts": "mxfp4"}, "lora": {"target_parameters": []}},
+        "builtin:tiny-gpt-oss is not one",
+    ),
+    ({"model": {"id": "Qwen/Qwen3-0.6B", "experts": "mxfp4"}}, "model.experts: mxfp4 is for gpt-oss"),
     ({"lora": {"rnak": 16}}, "lora.rnak: unknown key; did you mean 'r'?"),
     ({"training": {"learning_rate": "fast"}}, "training.learning_rate"),
     ({"training": {"warmup_ratio": 1.5}}, "training.warmup_ratio"),

@@ -1,0 +1,102 @@
+"""The real training entrypoint on a GPU, as a training job runs it: compiled decoder layers (compile_layers: auto)
+against the same run uncompiled, then a stop at a checkpoint and a resume.
+
+Same tiny gpt-oss (the builtin's architecture and tokenizer, random weights: not pretrained), same sample
+data, packed 2,048-token micro-batches, flex attention, the fused MoE path. Compares the per-step losses of the
+compiled and uncompiled runs (same seed, same batches: they must agree to bf16 rounding) and their wall times;
+then trains the compiled run on from its step-20 checkpoint to step 30. Prints a table; writes
+bench/results/entrypoint_gpu.json.
+
+  python bench/entrypoint_gpu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from common import report  # noqa: E402
+
+from entrypoints.settings import TrainSettings, to_hyperparameters  # noqa: E402
+
+
+def settings(model: Path, compile_layers: bool | str, max_steps: int) -> TrainSettings:
+    return TrainSettings.model_validate(
+        {
+            "model": {"id": str(model)},
+            "data": {
+                "source": "builtin:multilingual-thinking-sample",
+                "format": "multilingual-thinking",
+                "max_length": 512,
+            },
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"},
+            "training": {
+                "learning_rate": 5e-3,
+                "max_steps": max_steps,
+                "packing": True,
+                "tokens_per_micro_batch": 2048,
+                "gradient_checkpointing": False,
+                "save_steps": 10,
+                "warmup_ratio": 0.1,
+                "compile_layers": compile_layers,
+                "merge_adapter": False,
+            },
+        }
+    )
+
+
+def run(root: Path, train: TrainSettings) -> dict:
+    config = root / "input" / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "hyperparameters.json").write_text(json.dumps(to_hyperparameters(train)))
+    env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(REPO / "entrypoints" / "train.py")], env=env, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    seconds = time.perf_counter() - start
+    lines = done.stdout.splitlines()
+    metrics = [line for line in lines if line.startswith("[metrics]")]
+    return {
+        "rc": done.returncode,
+        "seconds": round(seconds, 1),
+        "compiled": any("compiling" in line for line in lines),
+        "resumed": next((line for line in lines if "resum" in line.lower()), ""),
+        "steps": [int(m.split("step=")[1].split("/")[0]) for m in metrics],
+        "losses": [float(m.split("loss=")[1].split()[0]) for m in metrics],
+        "tail": "" if done.returncode == 0 else (done.stdout + done.stderr)[-3000:],
+    }
+
+
+def main() -> None:
+    from entrypoints.tiny_model import _build
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model = Path(scratch) / "tiny-gpt-oss-random"  # the builtin's architecture and tokenizer, not pretrained
+        _build(model, mxfp4=False, pretrain=False)
+        eager = run(Path(scratch) / "eager", settings(model, False, 20))
+        auto = run(Path(scratch) / "auto", settings(model, "auto", 20))
+        resumed = run(Path(scratch) / "auto", settings(model, "auto", 30))
+    gap = max((abs(a - b) for a, b in zip(eager["losses"], auto["losses"], strict=False)), default=None)
+    rows = [
+        {"run": "compile_layers: false, 20 steps", "rc": eager["rc"], "compiled": eager["compiled"],
+         "seconds": eager["seconds"], "first_loss": eager["losses"][:1], "last_loss": eager["losses"][-1:]},
+        {"run": "compile_layers: auto, 20 steps", "rc": auto["rc"], "compiled": auto["compiled"],
+         "seconds": auto["seconds"], "first_loss": auto["losses"][:1], "last_loss": auto["losses"][-1:]},
+        {"run": "auto, resumed to 30", "rc": resumed["rc"], "compiled": resumed["compiled"],
+         "seconds": resumed["seconds"], "first_loss": resumed["losses"][:1], "last_loss": resumed["losses"][-1:]},
+    ]  # fmt: skip
+    report("entrypoint_gpu", rows, {"max_loss_gap_compiled_vs_eager": gap,
+                                    "runs": {"eager": eager, "auto": auto, "resumed": resumed}})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""gpt-oss experts kept as the checkpoint's MXFP4 blocks on the GPU, dequantized per layer on the fly
+(`model.experts: mxfp4`).
+
+gpt-oss ships its experts in MXFP4: 4-bit e2m1 values, two per byte, and one power-of-two scale per 32 values.
+The experts are ~96% of gpt-oss-120b's weights: 61 GB packed against ~230 GB in bf16, so packed the whole model
+fits one 141 GB GPU (and the merged model for serving stays ~65 GB). With LoRA on attention the experts are
+frozen, so nothing needs them in bf16 for long: each MoE layer dequantizes its experts into a transient bf16
+tensor, runs the toolkit's fused MoE path (entrypoints/moe.py) with it, and frees it; backward dequantizes again
+to compute the input gradients (a frozen base has no weight gradients) instead of keeping every layer's bf16
+experts alive until then. Dequantization is exact: e2m1 values times powers of two are bf16 numbers, so
+logits and LoRA gradients equal those of a model whose experts were dequantized at load time.
+
+Expert LoRA (`lora.target_parameters`) needs trainable bf16 expert weights: use `model.experts: bf16` for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+# e2m1: sign bit, 2 exponent bits, 1 mantissa bit; index = the 4-bit code (the same table as gpt-oss's reference)
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+SCALE_BIAS = 127  # scales are stored as biased exponents (uint8)
+PROJECTIONS = ("gate_up_proj", "down_proj")
+_COMPILED: dict[str, Any] = {}
+
+
+def _dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[E, out, in/32, 16] uint8 blocks, [E, out, in/32] uint8 scales -> [E, out, in] (low nibble first).
+    Written as one broadcast (shift, mask, table lookup, scale) so the compiler makes it one pass with no
+    intermediate tensors; exact in bf16 (an e2m1 value times a power of two)."""
+    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
+    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=blocks.device)
+    codes = (blocks.unsqueeze(-1) >> shifts) & 0x0F  # [E, out, in/32, 16, 2]
+    scale = torch.exp2(scales.to(torch.int32) - SCALE_BIAS).to(dtype)[..., None, None]
+    return (lut[codes.long()] * scale).flatten(-3)
+
+
+def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One fused kernel on GPUs (torch.compile: lookup, scale and cast in one pass, no index tensors in memory)."""
+    if blocks.device.type != "cuda":
+        return _dequantize(blocks, scales, dtype)
+    if "dequantize" not in _COMPILED:
+        _COMPILED["dequantize"] = torch.compile(_dequantize, dynamic=False)
+    return _COMPILED["dequantize"](blocks, scales, dtype)
+
+
+# The last weights each projection dequantized in a forward, for its backward: with gradient checkpointing a
+# layer's recomputed forward is immediately followed by its backward, which then needs no second dequantization.
+# One slot per projection, so at most one layer's weights are held beyond their use.
+_LAST_FORWARD: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+class _PackedGroupedMM(torch.autograd.Function):
+    """rows @ W per expert, W dequantized from MXFP4 here and (unless just done for this layer) in backward; only
+    the packed blocks are kept for backward."""
+
+    @staticmethod
+    def forward(ctx, rows, blocks, scales, offsets, slot: str):  # type: ignore[override]
+        from transformers.integrations.moe import _grouped_mm
+
+        ctx.save_for_backward(blocks, scales, offsets)
+        ctx.slot = slot
+        weight = dequantize(blocks, scales, rows.dtype)  # [E, out, in]
+        if rows.requires_grad:
+            _LAST_FORWARD[slot] = (blocks, weight)
+        return _grouped_mm(rows, weight.transpose(1, 2), offs=offsets)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        from transformers.integrations.moe import _grouped_mm
+
+        blocks, scales, offsets = ctx.saved_tensors
+        cached = _LAST_FORWARD.pop(ctx.slot, None)
+        if cached is not None and cached[0].data_ptr() == blocks.data_ptr() and cached[1].dtype == grad.dtype:
+            weight = cached[1]
+        else:
+            weight = dequantize(blocks, scales, grad.dtype)  # [E, out, in]: grad_rows = grad @ W^T
+        return _grouped_mm(grad.contiguous(), weight, offs=offsets), None, None, None, None
+
+
+class Mxfp4Experts(nn.Module):
+    """Drop-in for transformers' GptOssExperts with frozen MXFP4 weights (buffers named as in the checkpoint)."""
+
+    def __init__(self, config, dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
+        self.num_experts, self.alpha, self.limit = experts, config.swiglu_alpha, config.swiglu_limit
+        shapes = {"gate_up_proj": (experts, 2 * inter, hidden), "down_proj": (experts, hidden, inter)}
+        for name, (e, out, inp) in shapes.items():
+            self.register_buffer(f"{name}_blocks", torch.zeros(e, out, inp // 32, 16, dtype=torch.uint8))
+            self.register_buffer(f"{name}_scales", torch.zeros(e, out, inp // 32, dtype=torch.uint8))
+            self.register_parameter(f"{name}_bias", nn.Parameter(torch.zeros(e, out, dtype=dtype), False))
+
+    def forward(self, hidden_states, router_indices, routing_weights):
+        from .moe import fused_experts
+
+        def gate_up(rows, offsets):
+            return _PackedGroupedMM.apply(rows, self.gate_up_proj_blocks, self.gate_up_proj_scales, offsets, "gate_up")
+
+        def down(rows, offsets):
+            return _PackedGroupedMM.apply(rows, self.down_proj_blocks, self.down_proj_scales, offsets, "down")
+
+        return fused_experts(self, hidden_states, router_indices, routing_weights, gate_up, down)
+
+    def dequantized(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """transformers' parameter layout [E, in, out] of `gate_up_proj` or `down_proj`."""
+        blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
+        return dequantize(blocks, scales, dtype).transpose(1, 2)
+
+
+def swap_experts(model, dtype: torch.dtype) -> int:
+    """Replace every gpt-oss MoE layer's experts with packed ones (on the experts' current device)."""
+    count = 0
+    for layer in model.model.layers:
+        layer.mlp.experts = Mxfp4Experts(model.config, dtype)
+        count += 1
+    return count
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+    return sorted(path.glob("*.safetensors"))
+
+
+def load_packed(path: str, dtype: torch.dtype, device: str | torch.device, attn: str):
+    """A gpt-oss MXFP4 checkpoint with its experts kept packed: the model is built on the meta device and every
+    tensor streams from the safetensors files straight to `device` (host memory: one tensor at a time)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    directory = Path(path)
+    config = AutoConfig.from_pretrained(directory)
+    quantization = config.quantization_config
+    del config.quantization_config
+    config._attn_implementation = attn
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        swap_experts(model, dtype)
+    model.to_empty(device=device)
+    expected = dict(model.state_dict(keep_vars=True))
+    seen: set[str] = set()
+    for file in checkpoint_files(directory):
+        with safe_open(str(file), framework="pt", device=str(device)) as tensors:
+            for key in tensors.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if key not in expected:
+                    raise ValueError(f"{file.name}: tensor {key} has no place in a gpt-oss model with MXFP4 experts")
+                target = expected[key]
+                value = tensors.get_tensor(key)
+                with torch.no_grad():
+                    target.copy_(value if target.dtype == torch.uint8 else value.to(target.dtype))
+                seen.add(key)
+    missing = sorted(set(expected) - seen - _tied(model))
+    if missing:
+        raise ValueError(f"{path}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    rebuild_rotary(model, device)
+    model.config.quantization_config = quantization  # kept: the merged model is saved in the same MXFP4 form
+    return model
+
+
+def _tied(model) -> set[str]:
+    return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+
+
+def rebuild_rotary(model, device) -> None:
+    """Non-persistent buffers (rotary frequencies) are not in checkpoints and `to_empty` left them uninitialised."""
+    with torch.device(device):
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
+
+
+def packed_state_dict(model) -> dict[str, torch.Tensor]:
+    """The model's tensors as gpt-oss's MXFP4 checkpoints store them: experts as uint8 blocks + scales."""
+    return {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}

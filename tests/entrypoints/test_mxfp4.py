@@ -1,0 +1,108 @@
+"""model.experts: mxfp4 -- gpt-oss experts kept packed and dequantized per layer on the fly -- computes exactly what
+the dequantized-at-load model computes, trains through the real entrypoint, and merges back to the checkpoint's own
+MXFP4 form. CPU here (eager dequantization); the GPU bench's mxfp4 gate checks the compiled kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.entrypoints.helpers import lay_out, losses, run_entrypoint
+from toolkit.entrypoints import mxfp4
+from toolkit.entrypoints.model import add_lora, load_model
+from toolkit.entrypoints.settings import LoraSettings, ModelSettings
+
+TINY_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantization_equals_transformers_reference(dtype):
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (3, 8, 4, 16), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(100, 140, (3, 8, 4), dtype=torch.uint8, generator=generator)
+    reference = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # [E, in, out]
+    assert torch.equal(mxfp4.dequantize(blocks, scales, dtype).transpose(1, 2), reference)
+
+
+def _loss_logits_grads(settings: ModelSettings, ids: torch.Tensor, checkpointing: bool = False):
+    model = add_lora(load_model(settings), LoraSettings(dropout=0.0), seed=0)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.05, generator=torch.Generator().manual_seed(7))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+    return out.loss.detach(), out.logits.detach(), grads, model
+
+
+def test_packed_experts_give_the_dequantized_models_logits_and_lora_gradients():
+    ids = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(3))
+    loss, logits, grads, model = _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4"), ids)
+    ref_loss, ref_logits, ref_grads, ref_model = _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32"), ids)
+    assert isinstance(model.get_base_model().model.layers[0].mlp.experts, mxfp4.Mxfp4Experts)
+    assert torch.equal(loss, ref_loss) and torch.equal(logits, ref_logits)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[n], ref_grads[n]) for n in grads)
+
+    def expert_bytes(m):
+        weights = [t for k, t in m.state_dict().items() if ".experts." in k and "_bias" not in k]
+        return sum(t.numel() * t.element_size() for t in weights)
+
+    # expert weights: 4.25 bits each against bf16's 16 (fp32 here: 32) -- what lets gpt-oss-120b fit one GPU
+    assert expert_bytes(ref_model) / expert_bytes(model) > 7
+
+
+@pytest.mark.parametrize(("checkpointing", "expected"), [(True, 8), (False, 6)])
+def test_backward_reuses_the_weights_a_recomputed_forward_just_dequantized(monkeypatch, checkpointing, expected):
+    """Tiny model: 2 layers x 2 projections. With recomputation each layer's backward follows its recomputed
+    forward: 4 (forward) + 4 (recompute) + 0 (backward). Without: 4 + 2 (only the last layer's are still held)."""
+    calls = []
+    real = mxfp4.dequantize
+    monkeypatch.setattr(mxfp4, "dequantize", lambda *a: calls.append(1) or real(*a))
+    ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(1))
+    _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4"), ids, checkpointing)
+    assert len(calls) == expected
+    assert not mxfp4._LAST_FORWARD  # nothing held once backward is done
+
+
+def test_entrypoint_trains_packed_experts_and_merges_them_as_mxfp4(tmp_path):
+    from peft import PeftModel
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, Mxfp4Config
+
+    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
+
+    overrides = [f"model.id={TINY_MXFP4}", "model.experts=mxfp4", "lora.target_parameters=[]", "training.max_steps=3"]
+    root = lay_out(tmp_path, overrides)
+    result = run_entrypoint(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert len(losses(result.stdout)) == 3
+
+    merged = root / "model" / "merged"
+    assert json.loads((merged / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    with safe_open(str(merged / "model.safetensors"), "pt") as tensors:
+        blocks = tensors.get_tensor("model.layers.0.mlp.experts.gate_up_proj_blocks")
+        assert blocks.dtype == torch.uint8 and "model.layers.0.mlp.experts.gate_up_proj" not in tensors.keys()  # noqa: SIM118
+    # what transformers (and so vLLM's loader) reads from it: the base's experts with the trained attention LoRA
+    base = AutoModelForCausalLM.from_pretrained(
+        tiny_gpt_oss_path(mxfp4=True), dtype=torch.float32, quantization_config=Mxfp4Config(dequantize=True)
+    )
+    ids = torch.tensor([[5, 17, 42, 99, 7, 300]])
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(base, root / "model" / "adapter").eval()(input_ids=ids).logits
+        reloaded = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_experts_on_an_unquantized_checkpoint_fail_with_what_to_do(tmp_path, tiny_model_path):
+    root = lay_out(tmp_path, [f"model.id={tiny_model_path}", "model.experts=mxfp4", "lora.target_parameters=[]"])
+    result = run_entrypoint(root)
+    assert result.returncode == 1
+    assert "model.experts: mxfp4 needs an MXFP4 checkpoint" in result.stderr
+    assert "set model.experts: bf16" in (root / "output" / "failure").read_text()
