@@ -60,7 +60,7 @@ class _PackedGroupedMM(torch.autograd.Function):
     the packed blocks are kept for backward."""
 
     @staticmethod
-    def forward(ctx, rows, blocks, scales, offsets, slot: str):  # type: ignore[override]
+    def forward(ctx, rows, blocks, scales, offsets, slot: str):
         from transformers.integrations.moe import _grouped_mm
 
         ctx.save_for_backward(blocks, scales, offsets)
@@ -71,7 +71,7 @@ class _PackedGroupedMM(torch.autograd.Function):
         return _grouped_mm(rows, weight.transpose(1, 2), offs=offsets)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         from transformers.integrations.moe import _grouped_mm
 
         blocks, scales, offsets = ctx.saved_tensors

@@ -19,7 +19,15 @@ ENV = {"AWS_ACCOUNT_ID": "123456789012"}
 
 
 def test_presets_are_the_documented_ones():
-    assert preset_names() == ["gpt-oss-120b-lora", "gpt-oss-20b-lora", "tiny-gpt-oss-local"]
+    assert preset_names() == ["gpt-oss-120b-lora", "gpt-oss-120b-lora-1node", "gpt-oss-20b-lora", "tiny-gpt-oss-local"]
+
+
+def test_the_one_node_120b_preset_differs_from_the_recipe_preset_only_where_it_says():
+    recipe, one_node = load_config("gpt-oss-120b-lora"), load_config("gpt-oss-120b-lora-1node")
+    assert one_node.lora == recipe.lora and one_node.data == recipe.data
+    differences = {k for k, v in one_node.training.model_dump().items() if getattr(recipe.training, k) != v}
+    assert differences == {"distributed", "fsdp_sharding", "gradient_checkpointing"}
+    assert (one_node.model.experts, recipe.model.experts) == ("mxfp4", "bf16")
 
 
 @pytest.mark.parametrize("preset", preset_names())
@@ -122,7 +130,7 @@ BROKEN = [
     ({"trainer": {}}, "trainer: unknown key; did you mean 'training'?"),
     (
         {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"instance_type": "ml.g6e.2xlarge"}},
-        "merged openai/gpt-oss-20b is ~39 GiB of bf16 weights but ml.g6e.2xlarge",
+        "merged openai/gpt-oss-20b is ~39 GiB of weights but ml.g6e.2xlarge",
     ),
     ({"lora": {"target_modules": ["q_proj", "gate_proj"]}}, "lora.target_modules: gpt-oss has no module(s) gate_proj"),
     ({"lora": {"target_parameters": ["mlp.experts.up_proj"]}}, "lora.target_parameters: gpt-oss has no parameter"),
@@ -154,7 +162,7 @@ BROKEN = [
     ),
     (
         {"model": {"id": "openai/gpt-oss-120b"}, "target": "training-job", "training": {"distributed": "ddp"}},
-        "training.distributed: ddp puts all of openai/gpt-oss-120b (~218 GiB in bf16) on each 80 GiB GPU",
+        "training.distributed: ddp puts all of openai/gpt-oss-120b (~218 GiB, in bf16) on each 80 GiB GPU",
     ),
 ]
 
@@ -168,8 +176,20 @@ def test_the_serving_size_check_counts_gib_as_gib():
     """gpt-oss-120b merged is ~218 GiB: it fits 4 H100s of a p5.48xlarge (320 GiB) with room for the KV cache."""
     cfg = load_config("gpt-oss-120b-lora", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=4"])
     assert cfg.serving.tensor_parallel_size == 4
-    with pytest.raises(ConfigError, match="~218 GiB of bf16 weights"):
+    with pytest.raises(ConfigError, match="~218 GiB of weights"):
         load_config("gpt-oss-120b-lora", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=2"])
+
+
+def test_packed_experts_are_sized_as_mxfp4_for_training_and_serving():
+    """model.experts: mxfp4 holds ~61 GiB of 120b (experts at 4.25 bits): ddp on 141 GiB H200s passes, on 48 GiB
+    L40S GPUs it is refused naming the size; the merged model it writes is sized the same way for serving."""
+    cfg = load_config("gpt-oss-120b-lora-1node", ["target=training-job"])
+    assert cfg.model.experts == "mxfp4" and cfg.training.distributed == "ddp"
+    with pytest.raises(ConfigError, match=r"~61 GiB, experts in MXFP4\) on each 48 GiB GPU"):
+        load_config("gpt-oss-120b-lora-1node", ["target=training-job", "training_job.instance_type=ml.g6e.48xlarge"])
+    with pytest.raises(ConfigError, match=r"model.experts: mxfp4 \(~61 GiB\)"):  # the bf16 refusal offers it
+        load_config("gpt-oss-120b-lora", ["target=training-job", "training.distributed=ddp"])
+    load_config("gpt-oss-120b-lora-1node", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=2"])
 
 
 @pytest.mark.parametrize(("change", "expected"), BROKEN, ids=[b[1][:40] for b in BROKEN])

@@ -40,7 +40,7 @@ INSTANCES: dict[str, Instance] = {
 }
 
 
-# Parameters (billions) of the models whose merged bf16 weights the serving check sizes against the GPUs
+# The models whose weights the training and serving checks size against the GPUs
 class ModelShape(NamedTuple):
     """What the checks need of a known model (its Hugging Face config.json)."""
 
@@ -48,16 +48,28 @@ class ModelShape(NamedTuple):
     attention_heads: int
     kv_heads: int
     context: int  # max_position_embeddings: the longest sequence it takes
+    expert_params_b: float = 0.0  # of which MoE expert weights, billions (stored as MXFP4 by gpt-oss)
 
     @property
     def bf16_gib(self) -> float:
-        """Weights in bf16: the merged model we serve, and what training holds (MXFP4 experts dequantized)."""
+        """Weights in bf16: what training holds with the experts dequantized (model.experts: bf16)."""
         return 2 * self.params_b * 1e9 / 2**30
 
+    @property
+    def packed_gib(self) -> float:
+        """Weights with the experts in MXFP4 (4.25 bits: 4-bit values + one 8-bit scale per 32) and the rest in
+        bf16: the released checkpoint, what model.experts: mxfp4 holds and merges to."""
+        dense = self.params_b - self.expert_params_b
+        return (2 * dense + 4.25 / 8 * self.expert_params_b) * 1e9 / 2**30
 
+    def weights_gib(self, experts: str) -> float:
+        return self.packed_gib if experts == "mxfp4" else self.bf16_gib
+
+
+# gpt-oss experts: layers x experts x (2880 x 5760 gate_up + 2880 x 2880 down) = 24.9M weights each
 MODELS: dict[str, ModelShape] = {
-    "openai/gpt-oss-20b": ModelShape(20.9, 64, 8, 131072),
-    "openai/gpt-oss-120b": ModelShape(116.8, 64, 8, 131072),
+    "openai/gpt-oss-20b": ModelShape(20.9, 64, 8, 131072, expert_params_b=24 * 32 * 0.02488),
+    "openai/gpt-oss-120b": ModelShape(116.8, 64, 8, 131072, expert_params_b=36 * 128 * 0.02488),
 }
 
 

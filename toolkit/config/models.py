@@ -332,18 +332,23 @@ class Config(TrainSettings):
 
     @model_validator(mode="after")
     def _ddp_model_fits_one_gpu(self) -> Config:
-        """ddp keeps a whole copy of the (frozen, bf16) model on every GPU; fsdp shards it."""
+        """ddp keeps a whole copy of the frozen model on every GPU (experts bf16 or packed MXFP4); fsdp shards it."""
         shape = MODELS.get(self.model.id)
         instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
         if shape is None or instance_field is None or self.training.distributed != "ddp":
             return self
         instance_type = getattr(self, instance_field).instance_type
         gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
-        if shape.bf16_gib > 0.9 * gpu_gib:  # the rest: LoRA weights, optimizer state, activations
+        weights_gib = shape.weights_gib(self.model.experts)
+        if weights_gib > 0.9 * gpu_gib:  # the rest: LoRA weights, optimizer state, activations
+            held = "experts in MXFP4" if self.model.experts == "mxfp4" else "in bf16"
+            packed = "" if self.model.experts == "mxfp4" or not shape.expert_params_b else (
+                f", model.experts: mxfp4 (~{shape.packed_gib:.0f} GiB)"
+            )  # fmt: skip
             raise ValueError(
-                f"training.distributed: ddp puts all of {self.model.id} (~{shape.bf16_gib:.0f} GiB in bf16) on each "
-                f"{gpu_gib} GiB GPU of {instance_type}: set training.distributed: fsdp (shards it over the GPUs) "
-                f"or choose a larger {instance_field}.instance_type"
+                f"training.distributed: ddp puts all of {self.model.id} (~{weights_gib:.0f} GiB, {held}) on each "
+                f"{gpu_gib} GiB GPU of {instance_type}: set training.distributed: fsdp (shards it over the GPUs)"
+                f"{packed} or choose a larger {instance_field}.instance_type"
             )
         return self
 
@@ -353,11 +358,11 @@ class Config(TrainSettings):
         serving = self.serving
         if shape is None or serving.weights != "merged" or serving.tensor_parallel_size is None:
             return self
-        weights_gib = shape.bf16_gib  # the merged model is bf16 (MXFP4 experts dequantized for training)
+        weights_gib = shape.weights_gib(self.model.experts)  # merged as trained: bf16, or experts still MXFP4
         usable = serving.tensor_parallel_size * instance(serving.instance_type, "serving.instance_type").gpu_memory_gib
         if weights_gib > 0.8 * usable * serving.gpu_memory_utilization:  # the rest: KV cache, activations
             raise ValueError(
-                f"serving: the merged {self.model.id} is ~{weights_gib:.0f} GiB of bf16 weights but "
+                f"serving: the merged {self.model.id} is ~{weights_gib:.0f} GiB of weights but "
                 f"{serving.instance_type} gives vLLM ~{usable * serving.gpu_memory_utilization:.0f} GiB on "
                 f"{serving.tensor_parallel_size} GPU(s), with too little left for the KV cache: choose a larger "
                 "serving.instance_type (e.g. ml.g6e.12xlarge for 20b, ml.p5.48xlarge for 120b)"
