@@ -248,12 +248,11 @@ def _save_mxfp4(model, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
 def _quantize_mxfp4(weight):
     """[E, out, in] float -> ([E, out, in/32, 16] uint8 blocks, [E, out, in/32] uint8 scales)."""
     import torch
+
+    from .mxfp4 import FP4_VALUES
 
     e, o, i = weight.shape
     groups = weight.reshape(e, o, i // 32, 32)

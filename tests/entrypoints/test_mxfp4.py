@@ -106,3 +106,64 @@ def test_packed_experts_on_an_unquantized_checkpoint_fail_with_what_to_do(tmp_pa
     assert result.returncode == 1
     assert "model.experts: mxfp4 needs an MXFP4 checkpoint" in result.stderr
     assert "set model.experts: bf16" in (root / "output" / "failure").read_text()
+
+
+MEASURE_LOAD = """
+import sys, threading, time, torch, safetensors.torch
+from transformers import AutoConfig, AutoModelForCausalLM, Mxfp4Config
+from transformers.models.gpt_oss import modeling_gpt_oss
+from transformers.integrations import mxfp4
+from toolkit.entrypoints.mxfp4 import load_packed
+
+def anon_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+peak, done = [anon_kib()], []
+def sample():
+    while not done:
+        peak.append(anon_kib()); time.sleep(0.002)
+threading.Thread(target=sample, daemon=True).start()
+before = anon_kib()
+if sys.argv[2] == "packed":
+    model = load_packed(sys.argv[1], torch.bfloat16, "cpu", "eager")
+else:
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16,
+                                                 quantization_config=Mxfp4Config(dequantize=True))
+done.append(1); time.sleep(0.01)
+held = sum(t.numel() * t.element_size() for t in model.state_dict().values()) // 1024
+print(max(peak) - before, held)
+"""
+
+
+def test_packed_loading_holds_one_copy_of_the_packed_model(tmp_path):
+    """Host memory while loading a shape-scaled gpt-oss MXFP4 checkpoint (8 layers, 32 experts, ~60 MB packed,
+    ~230 MB in bf16), measured as peak anonymous memory in a fresh process. On CPU the model itself lives in host
+    memory, so a streaming load peaks at about the model's packed size; on a GPU those bytes go to the device and
+    a rank's host memory is one tensor at a time. transformers' dequantizing load needs the bf16 experts."""
+    import subprocess
+    import sys
+
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    from toolkit.entrypoints.tiny_model import _save_mxfp4
+
+    config = GptOssConfig(hidden_size=512, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+                          vocab_size=2048, tie_word_embeddings=False)  # fmt: skip
+    checkpoint = tmp_path / "gpt-oss-scaled"
+    checkpoint.mkdir()
+    _save_mxfp4(GptOssForCausalLM(config).to(torch.bfloat16), checkpoint)
+    measured = {}
+    for way in ("packed", "dequantized"):
+        done = subprocess.run([sys.executable, "-c", MEASURE_LOAD, str(checkpoint), way], capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        peak_kib, held_kib = map(int, done.stdout.split()[-2:])
+        measured[way] = (peak_kib, held_kib)
+    print("peak / held KiB:", measured)  # shown with pytest -s
+    (packed_peak, packed_held), (bf16_peak, bf16_held) = measured["packed"], measured["dequantized"]
+    assert bf16_held > 3 * packed_held  # the experts: 4.25 bits against 16
+    assert packed_peak < 1.2 * packed_held + 8 * 1024, measured  # no second copy, no bf16 experts on the way
+    assert bf16_peak > 3 * packed_peak, measured
