@@ -104,11 +104,13 @@ def config_validate(
 
 @config_app.command("show")
 def config_show(source: ConfigArg, set_: SetOpt = None) -> None:
-    """Print the resolved config (base, ${ENV} and --set applied, defaults filled in) as YAML."""
+    """Print the resolved config (base, ${ENV} and --set applied, defaults filled in) as YAML, and what one
+    optimizer step averages over on its target (as comments)."""
     import yaml
 
     cfg = load(source, set_)
     sys.stdout.write(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
+    sys.stdout.write("".join(f"# {line}\n" for line in cfg.optimizer_step()))  # comments: still valid YAML
 
 
 @config_app.command("schema")

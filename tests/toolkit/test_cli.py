@@ -64,6 +64,18 @@ def test_show_prints_the_resolved_config_with_overrides():
     assert shown["training_job"]["instance_type"] == "ml.p5.48xlarge"
 
 
+def test_show_says_what_one_optimizer_step_averages_over_on_the_target():
+    """The Databricks recipe's 16 rows per step (1 row x 2 accumulation x 8 GPUs) against the packed path's tokens."""
+    result = runner.invoke(app, ["config", "show", "gpt-oss-20b-lora", "--set", "target=training-job"])
+    assert result.exit_code == 0 and yaml.safe_load(result.stdout)["target"] == "training-job"  # still YAML
+    comments = [line for line in result.stdout.splitlines() if line.startswith("# ")]
+    assert comments[0] == "# 8 GPU process(es) x 2 micro-batch(es) per optimizer step"
+    assert "up to 196,608 tokens per optimizer step (12,288 per micro-batch)" in comments[1]
+    assert "it would be 16 rows" in comments[1] and comments[2] == "# loss on: assistant tokens"
+    unpacked = runner.invoke(app, ["config", "show", "gpt-oss-20b-lora", "--set", "training.packing=false"])
+    assert "# unpacked: 2 rows per optimizer step, up to 4,096 tokens" in unpacked.stdout  # local: 1 GPU
+
+
 def test_schema_is_json_schema_for_the_files_users_write():
     """An editor validates the raw file, as written: `base:`, keys a base supplies left out, ${ENV} values."""
     result = runner.invoke(app, ["config", "schema"])

@@ -369,6 +369,37 @@ class Config(TrainSettings):
             )
         return self
 
+    def gpus(self) -> int:
+        """Training processes (one per GPU) the target runs: the world size the job will see."""
+        if self.target == "training-job":
+            job = self.training_job
+            return instance(job.instance_type, "training_job.instance_type").gpus * job.instance_count
+        if self.target == "hyperpod":
+            return max(self.hyperpod.gpus_per_node or 1, 1) * self.hyperpod.nodes
+        return self.local.nproc_per_node
+
+    def optimizer_step(self) -> list[str]:
+        """What one optimizer step averages over on this target, said plainly (packing changes it: the recipes
+        count rows, packed micro-batches count tokens)."""
+        t, world = self.training, self.gpus()
+        accumulation = t.gradient_accumulation_steps
+        rows_unpacked = t.per_device_batch_size * accumulation * world
+        lines = [f"{world} GPU process(es) x {accumulation} micro-batch(es) per optimizer step"]
+        if t.packing:
+            budget = t.tokens_per_micro_batch or self.data.max_length * t.per_device_batch_size
+            lines.append(
+                f"packed: up to {budget * accumulation * world:,} tokens per optimizer step ({budget:,} per "
+                f"micro-batch); rows per step = those tokens / your rows' mean length (the job prints it); "
+                f"unpacked (training.packing: false, as the recipes) it would be {rows_unpacked} rows"
+            )
+        else:
+            lines.append(
+                f"unpacked: {rows_unpacked} rows per optimizer step, up to "
+                f"{rows_unpacked * self.data.max_length:,} tokens"
+            )
+        lines.append(f"loss on: {self.data.loss_on} tokens")
+        return lines
+
     def train_settings(self) -> TrainSettings:
         """The part the training entrypoint receives."""
         return TrainSettings.model_validate(self.model_dump(include=set(TrainSettings.model_fields)))
