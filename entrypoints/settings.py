@@ -164,8 +164,8 @@ class TrainingSettings(StrictModel):
     compile_layers: bool | Literal["auto"] = Field(
         "auto",
         description="torch.compile each decoder layer (one H200, 20b shape: 23.8k vs 17.4k tokens/s). auto: on "
-        "for packed ddp training on a GPU without recomputation (the combination the bench's correctness gate "
-        "checks), off elsewhere; the first steps are slower while the layers compile.",
+        "for packed ddp training on a GPU without recomputation, expert LoRA or MXFP4 experts (the combination the "
+        "bench's correctness gate checks), off elsewhere; the first steps are slower while the layers compile.",
     )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")

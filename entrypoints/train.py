@@ -121,14 +121,16 @@ def use_checkpointing(settings: TrainSettings) -> bool:
 
 def use_compiled_layers(settings: TrainSettings) -> bool:
     """`auto`: only where the bench's gate compares compiled against reference gradients (bench/train_throughput.py):
-    a GPU, ddp, packed fixed-width micro-batches, no recomputation."""
+    a GPU, ddp, packed fixed-width micro-batches, no recomputation, LoRA on modules (not on the experts), experts
+    in bf16."""
     import torch
 
     wanted = settings.training.compile_layers
     if wanted != "auto":
         return bool(wanted)
     t = settings.training
-    return torch.cuda.is_available() and t.distributed == "ddp" and t.packing and not use_checkpointing(settings)
+    gated = not settings.lora.target_parameters and settings.model.experts == "bf16" and t.distributed == "ddp"
+    return torch.cuda.is_available() and gated and t.packing and not use_checkpointing(settings)
 
 
 def sft_config(settings: TrainSettings, paths: Paths):
