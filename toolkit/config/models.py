@@ -107,6 +107,11 @@ class HyperPodTarget(StrictModel):
         return check_placeholders(value, "hyperpod.job_dir", ("mount_path", "name"))
 
     namespace: str = Field("default", description="EKS namespace.")
+    service_account: str | None = Field(
+        None,
+        description="EKS: the service account of the pod that exports a run's model from FSx to S3 for `toolkit "
+        "deploy` (it needs s3:PutObject on aws.bucket, through IRSA or EKS Pod Identity); default: the namespace's.",
+    )
     kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")
     priority: str | None = Field(None, description="Kueue priority class.")

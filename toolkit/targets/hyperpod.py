@@ -62,9 +62,12 @@ TARGET = HyperPodTarget()
 def model_for_serving(config: Config, dry_run: bool = False) -> str:
     """The hand-over from a HyperPod run to `toolkit deploy`: the run's model directory (adapter, merged model,
     run.json) on the shared filesystem, uploaded once to S3 under a key naming the run, as the S3 prefix an
-    endpoint serves. Runs where the shared filesystem is mounted (the Slurm head node); a dry run names the
-    prefix and uploads nothing."""
+    endpoint serves. Runs where the shared filesystem is mounted (the Slurm head node); on EKS, where the
+    client cannot mount FSx, a Job in the cluster uploads it. A dry run names the prefix and uploads nothing."""
     import hashlib
+
+    if config.hyperpod.orchestrator == "eks":
+        return importlib.import_module(ORCHESTRATORS["eks"]).export_model(config, dry_run)
 
     from toolkit import aws
     from toolkit.targets.training_job import upload_once
@@ -72,11 +75,10 @@ def model_for_serving(config: Config, dry_run: bool = False) -> str:
     model = job_dir(config) / "model"
     run = model / "run.json"
     if not run.exists():
-        where = "on the cluster's head node" if config.hyperpod.orchestrator == "slurm" else "where FSx is mounted"
         raise TargetError(
-            f"no completed HyperPod run of {config.name} in {model}: run `toolkit deploy` {where} after "
-            f"`toolkit train {config.name} --target hyperpod` completes, or set serving.model_data to the model's "
-            "S3 prefix (e.g. exported with an FSx for Lustre data repository task)"
+            f"no completed HyperPod run of {config.name} in {model}: run `toolkit deploy` on the cluster's head "
+            f"node after `toolkit train {config.name} --target hyperpod` completes, or set serving.model_data to "
+            "the model's S3 prefix"
         )
     aws.require(config.aws, "bucket")
     kind, key = f"models/{config.name}", hashlib.sha256(run.read_bytes()).hexdigest()[:16]

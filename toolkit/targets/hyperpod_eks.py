@@ -256,6 +256,106 @@ class EksJob(Job):
             time.sleep(poll_seconds)
 
 
+EXPORT_MARKER = "_toolkit_export_complete"  # written last: the prefix holds a whole model
+# Runs in the export pod (the training image: Python + boto3, the pod's AWS role); argv: model dir, bucket, prefix
+EXPORT_SCRIPT = """
+import pathlib, sys, boto3
+source, bucket, prefix = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].rstrip("/")
+if not (source / "run.json").is_file():
+    sys.exit(f"no completed run in {source}: run.json is missing")
+s3 = boto3.client("s3")
+files = sorted(p for p in source.rglob("*") if p.is_file())
+for number, path in enumerate(files, 1):
+    s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source).as_posix()}")
+    print(f"[{number}/{len(files)}] {path.relative_to(source)}", flush=True)
+s3.put_object(Bucket=bucket, Key=f"{prefix}/MARKER", Body=b"")
+print(f"exported {len(files)} files to s3://{bucket}/{prefix}/", flush=True)
+""".replace("MARKER", EXPORT_MARKER)
+
+
+def export_job(config: Config, run_id: str, bucket: str, prefix: str) -> dict[str, Any]:
+    """A batch/v1 Job that uploads the run's model directory from FSx to s3://bucket/prefix/."""
+    hp = config.hyperpod
+    if not hp.image:
+        raise TargetError("hyperpod.image is required on EKS: the export pod runs the training image")
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "export", "image": hp.image,
+            "command": ["python3", "-c", EXPORT_SCRIPT, str(job_dir(config) / "model"), bucket, prefix],
+            "volumeMounts": [{"name": "fsx", "mountPath": hp.fsx.mount_path, "readOnly": True}],
+        }],
+        "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": hp.fsx.claim}}],
+    }  # fmt: skip
+    if hp.service_account:
+        pod["serviceAccountName"] = hp.service_account
+    metadata = {"name": f"{config.name[:40]}-export-{run_id[:8]}", "namespace": hp.namespace,
+                "labels": {CODE_LABEL: config.name}}  # fmt: skip
+    spec = {"backoffLimit": 2, "activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 86400,
+            "template": {"spec": pod}}  # fmt: skip
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata, "spec": spec}
+
+
+def export_model(config: Config, dry_run: bool = False, poll_seconds: float = 5) -> str:
+    """The hand-over from a completed EKS run to `toolkit deploy`: the client cannot mount FSx, so a Job in the
+    cluster uploads the run's model directory to S3, once per run (keyed by the training job's uid; a marker
+    object written last says the upload is whole). Returns the S3 prefix an endpoint serves."""
+    from toolkit import aws
+
+    aws.require(config.aws, "bucket")
+    base = f"{config.aws.prefix}/models/{config.name}"
+    if dry_run:  # the run's id is the cluster's: named, not looked up
+        return f"s3://{config.aws.bucket}/{base}/<uid of the completed {config.hyperpod.eks_job_kind}>/"
+    state = ORCHESTRATOR.attach(config, config.name).status()
+    if state.status is not Status.COMPLETED:
+        raise TargetError(
+            f"the HyperPod run {config.name} is {state.status.value}, not completed: deploy it once "
+            f"`toolkit jobs status {config.name} --target hyperpod` says completed"
+        )
+    _, custom = _clients(config)
+    group, version, plural = KINDS[config.hyperpod.eks_job_kind]
+    run = custom.get_namespaced_custom_object(group, version, config.hyperpod.namespace, plural, config.name)
+    run_id = run["metadata"]["uid"].replace("-", "")[:16]
+    bucket, prefix = str(config.aws.bucket), f"{base}/{run_id}"
+    s3 = aws.client(config.aws, "s3")
+    if not _exported(s3, bucket, prefix):
+        _run_export(config, export_job(config, run_id, bucket, prefix), poll_seconds)
+        if not _exported(s3, bucket, prefix):
+            raise TargetError(f"the export job finished but s3://{bucket}/{prefix}/ is incomplete")
+    return f"s3://{bucket}/{prefix}/"
+
+
+def _exported(s3, bucket: str, prefix: str) -> bool:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{EXPORT_MARKER}", MaxKeys=1)
+    return bool(listed.get("KeyCount"))
+
+
+def _run_export(config: Config, job: dict[str, Any], poll_seconds: float) -> None:
+    """Create the export Job (or find the one a previous, interrupted deploy created) and wait for it."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core, _ = _clients(config)
+    batch = client.BatchV1Api(core.api_client)
+    namespace, name = config.hyperpod.namespace, job["metadata"]["name"]
+    try:
+        batch.create_namespaced_job(namespace, job)
+    except ApiException as exc:
+        if exc.status != 409:  # 409: an earlier deploy started it: wait for that one
+            raise TargetError(f"EKS refused the export job {name}: {exc.status} {exc.reason} ({exc.body})") from None
+    while True:
+        status = batch.read_namespaced_job(namespace=namespace, name=name).status
+        if status and status.succeeded:
+            return
+        failed = [c for c in (status.conditions or []) if c.type == "Failed" and c.status == "True"] if status else []
+        if failed:
+            raise TargetError(
+                f"the export job {name} failed ({failed[0].reason}: {failed[0].message}): see "
+                f"`kubectl logs job/{name} -n {namespace}`; delete it with `kubectl delete job {name}` to retry"
+            )
+        time.sleep(poll_seconds)
+
+
 class EksOrchestrator(Target):
     name = "hyperpod (eks)"
 

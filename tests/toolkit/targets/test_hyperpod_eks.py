@@ -250,3 +250,109 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     with pytest.raises(TargetError, match="aws eks update-kubeconfig"):
         ORCHESTRATOR.submit(config())
+
+
+def _operator_completes(name: str, uid: str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0") -> None:
+    """Play the API server and the training operator: the run object gets its uid and a Completed condition."""
+    from kubernetes import client
+    from kubernetes import config as kubeconfig
+
+    api = kubeconfig.new_client_from_config(os.environ["KUBECONFIG"])
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "sagemaker.amazonaws.com", "v1", "default", "hyperpodpytorchjobs", name,
+        {"metadata": {"uid": uid}, "status": {"conditions": [{"type": "Completed", "status": "True"}]}},
+    )  # fmt: skip
+
+
+def _job_controller(cluster, outcome: str, seen: list) -> None:
+    """Play the Job controller and its pod: run the export Job's container command for real on this machine (the
+    FSx mount path is a local directory here; AWS is the emulator), then set the Job's status."""
+    import sys
+    import time
+
+    from kubernetes import client
+    from kubernetes import config as kubeconfig
+
+    deadline = time.monotonic() + 60
+    while not cluster.objects("batch/v1/jobs") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (job,) = cluster.objects("batch/v1/jobs").values()
+    seen.append(job)
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    ran = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=120)
+    seen.append(ran)
+    status = {"succeeded": 1} if outcome == "ok" and ran.returncode == 0 else {
+        "failed": 3, "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                     "message": "Job has reached the specified backoff limit"}]}  # fmt: skip
+    api = kubeconfig.new_client_from_config(os.environ["KUBECONFIG"])
+    client.BatchV1Api(api).patch_namespaced_job(job["metadata"]["name"], "default", {"status": status})
+
+
+def _eks_run_on_fsx(tmp_path, aws_env):
+    fsx = tmp_path / "fsx"
+    cfg = config(f"hyperpod.fsx.mount_path={fsx}", f"aws.bucket={aws_env['bucket']}", "aws.region=us-east-1",
+                 "hyperpod.service_account=model-export")  # fmt: skip
+    model = fsx / "toolkit" / cfg.name / "model"
+    for name, text in {"run.json": '{"global_step": 50}', "merged/config.json": "{}",
+                       "merged/model.safetensors": "weights", "adapter/adapter_config.json": "{}"}.items():  # fmt: skip
+        (model / name).parent.mkdir(parents=True, exist_ok=True)
+        (model / name).write_text(text)
+    return cfg, model
+
+
+def test_deploy_exports_a_completed_eks_run_from_fsx_once(cluster, aws_env, tmp_path):
+    """The client cannot mount FSx: `toolkit deploy` has a Job in the cluster upload the run's model directory,
+    keyed by the run's uid, and serves that S3 prefix; a second deploy finds the upload whole and starts nothing."""
+    import threading
+
+    import boto3
+
+    from toolkit.deploy.endpoint import model_data
+
+    cfg, model = _eks_run_on_fsx(tmp_path, aws_env)
+    assert model_data(cfg, dry_run=True).endswith("/<uid of the completed HyperPodPyTorchJob>/")
+    ORCHESTRATOR.submit(cfg)
+    with pytest.raises(TargetError, match="is Pending, not completed"):
+        model_data(cfg)
+    _operator_completes(cfg.name)
+    seen: list = []
+    controller = threading.Thread(target=_job_controller, args=(cluster, "ok", seen))
+    controller.start()
+    uri = model_data(cfg)
+    controller.join()
+    job, ran = seen
+    assert ran.returncode == 0, ran.stderr
+    assert errors(job, "V1Job") == []  # the Kubernetes API's own models (tests/openapi_check.py)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "model-export" and pod["containers"][0]["image"] == cfg.hyperpod.image
+    assert pod["volumes"] == [{"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}}]
+    prefix = f"{cfg.aws.prefix}/models/{cfg.name}/0f1e2d3c4b5a6978"
+    assert uri == f"s3://{aws_env['bucket']}/{prefix}/"
+    s3 = boto3.client("s3", region_name="us-east-1")
+    listed = s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix=prefix)["Contents"]
+    keys = {o["Key"][len(prefix) + 1 :] for o in listed}
+    expected = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
+    assert keys == expected | {"_toolkit_export_complete"}
+    body = s3.get_object(Bucket=aws_env["bucket"], Key=f"{prefix}/merged/model.safetensors")["Body"].read()
+    assert body == b"weights"
+
+    assert model_data(cfg) == uri  # uploaded once: no second Job (the first is still the only one)
+    assert len(cluster.objects("batch/v1/jobs")) == 1
+
+
+def test_a_failed_export_says_where_its_log_is(cluster, aws_env, tmp_path):
+    from toolkit.deploy.endpoint import model_data
+
+    cfg, model = _eks_run_on_fsx(tmp_path, aws_env)
+    (model / "run.json").unlink()  # the pod finds no completed run on FSx and exits 1
+    ORCHESTRATOR.submit(cfg)
+    _operator_completes(cfg.name)
+    seen: list = []
+    import threading
+
+    controller = threading.Thread(target=_job_controller, args=(cluster, "ok", seen))
+    controller.start()
+    with pytest.raises(TargetError, match=r"export job .* failed \(BackoffLimitExceeded.*kubectl logs job/"):
+        model_data(cfg)
+    controller.join()
+    assert "run.json is missing" in seen[1].stderr
