@@ -479,6 +479,7 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
 PACKED = {  # model.experts: mxfp4. name: (shape, max_length, tokens per micro-batch, checkpointing, warmup)
     "20b-mxfp4-12k": ("20b", 2048, 12288, False, 2),  # against toolkit-12k: what on-the-fly dequantization costs
     "120b-mxfp4-4k-gc": ("120b", 4096, 4096, True, 2),
+    "120b-mxfp4-6k-gc": ("120b", 4096, 6144, True, 2),
     "120b-mxfp4-8k-gc": ("120b", 4096, 8192, True, 2),
     "120b-mxfp4-12k-gc": ("120b", 4096, 12288, True, 2),
     "120b-mxfp4-16k-gc": ("120b", 4096, 16384, True, 2),
