@@ -131,7 +131,7 @@ if sys.argv[2] == "packed":
 else:
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16,
                                                  quantization_config=Mxfp4Config(dequantize=True))
-done.append(1); time.sleep(0.01)
+done.append(1); peak.append(anon_kib())  # the loaded state itself, however the sampler was scheduled
 held = sum(t.numel() * t.element_size() for t in model.state_dict().values()) // 1024
 print(max(peak) - before, held)
 """
@@ -166,4 +166,4 @@ def test_packed_loading_holds_one_copy_of_the_packed_model(tmp_path):
     (packed_peak, packed_held), (bf16_peak, bf16_held) = measured["packed"], measured["dequantized"]
     assert bf16_held > 3 * packed_held  # the experts: 4.25 bits against 16
     assert packed_peak < 1.2 * packed_held + 8 * 1024, measured  # no second copy, no bf16 experts on the way
-    assert bf16_peak > 3 * packed_peak, measured
+    assert bf16_peak > 2.5 * packed_peak, measured
