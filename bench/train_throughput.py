@@ -78,15 +78,10 @@ def build_model(config, device, dtype, attn, experts="toolkit_fused"):
 def build_packed_model(config, device, attn):
     """gpt-oss with MXFP4 experts kept packed (model.experts: mxfp4), random weights built on the GPU: blocks are
     random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints)."""
-    from transformers import GptOssForCausalLM
-
-    from entrypoints.mxfp4 import Mxfp4Experts, rebuild_rotary, swap_experts
+    from entrypoints.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
 
     config._attn_implementation = attn
-    with torch.device("meta"):
-        model = GptOssForCausalLM(config).to(torch.bfloat16)
-        swap_experts(model, torch.bfloat16)
-    model.to_empty(device=device)
+    model = empty_packed_model(config, torch.bfloat16, device)
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -96,10 +91,9 @@ def build_packed_model(config, device, attn):
                 parameter.normal_(0.0, 0.02, generator=generator)
         for module in model.modules():
             if isinstance(module, Mxfp4Experts):
-                for projection in ("gate_up_proj", "down_proj"):
+                for projection in PROJECTIONS:
                     getattr(module, f"{projection}_blocks").random_(0, 256, generator=generator)
                     getattr(module, f"{projection}_scales").random_(119, 122, generator=generator)
-    rebuild_rotary(model, device)
     model.config.use_cache = False
     return model
 

@@ -25,7 +25,7 @@ from torch import nn
 # e2m1: sign bit, 2 exponent bits, 1 mantissa bit; index = the 4-bit code (the same table as gpt-oss's reference)
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 SCALE_BIAS = 127  # scales are stored as biased exponents (uint8)
-PROJECTIONS = ("gate_up_proj", "down_proj")
+PROJECTIONS = ("gate_up_proj", "down_proj")  # the experts' two weights, named as in transformers and the checkpoints
 _COMPILED: dict[str, Any] = {}
 
 
@@ -90,7 +90,7 @@ class Mxfp4Experts(nn.Module):
         super().__init__()
         experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
         self.num_experts, self.alpha, self.limit = experts, config.swiglu_alpha, config.swiglu_limit
-        shapes = {"gate_up_proj": (experts, 2 * inter, hidden), "down_proj": (experts, hidden, inter)}
+        shapes = dict(zip(PROJECTIONS, [(experts, 2 * inter, hidden), (experts, hidden, inter)], strict=True))
         for name, (e, out, inp) in shapes.items():
             self.register_buffer(f"{name}_blocks", torch.zeros(e, out, inp // 32, 16, dtype=torch.uint8))
             self.register_buffer(f"{name}_scales", torch.zeros(e, out, inp // 32, dtype=torch.uint8))
@@ -113,13 +113,19 @@ class Mxfp4Experts(nn.Module):
         return dequantize(blocks, scales, dtype).transpose(1, 2)
 
 
-def swap_experts(model, dtype: torch.dtype) -> int:
-    """Replace every gpt-oss MoE layer's experts with packed ones (on the experts' current device)."""
-    count = 0
-    for layer in model.model.layers:
-        layer.mlp.experts = Mxfp4Experts(model.config, dtype)
-        count += 1
-    return count
+def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device):
+    """gpt-oss with packed experts, built on the meta device and given uninitialised storage on `device` (the
+    caller loads or fills the weights); the rotary frequencies, which no checkpoint holds, are computed here."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        for layer in model.model.layers:
+            layer.mlp.experts = Mxfp4Experts(model.config, dtype)
+    model.to_empty(device=device)
+    with torch.device(device):  # non-persistent buffers: `to_empty` left them uninitialised
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
+    return model
 
 
 def checkpoint_files(path: Path) -> list[Path]:
@@ -133,17 +139,14 @@ def load_packed(path: str, dtype: torch.dtype, device: str | torch.device, attn:
     """A gpt-oss MXFP4 checkpoint with its experts kept packed: the model is built on the meta device and every
     tensor streams from the safetensors files straight to `device` (host memory: one tensor at a time)."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     directory = Path(path)
     config = AutoConfig.from_pretrained(directory)
     quantization = config.quantization_config
     del config.quantization_config
     config._attn_implementation = attn
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        swap_experts(model, dtype)
-    model.to_empty(device=device)
+    model = empty_packed_model(config, dtype, device)
     expected = dict(model.state_dict(keep_vars=True))
     seen: set[str] = set()
     for file in checkpoint_files(directory):
@@ -154,28 +157,16 @@ def load_packed(path: str, dtype: torch.dtype, device: str | torch.device, attn:
                 target = expected[key]
                 value = tensors.get_tensor(key)
                 with torch.no_grad():
-                    target.copy_(value if target.dtype == torch.uint8 else value.to(target.dtype))
+                    target.copy_(value)  # casts to the model dtype; uint8 blocks stay uint8
                 seen.add(key)
     missing = sorted(set(expected) - seen - _tied(model))
     if missing:
         raise ValueError(f"{path}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     if config.tie_word_embeddings:
         model.tie_weights()
-    rebuild_rotary(model, device)
     model.config.quantization_config = quantization  # kept: the merged model is saved in the same MXFP4 form
     return model
 
 
 def _tied(model) -> set[str]:
     return {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-
-
-def rebuild_rotary(model, device) -> None:
-    """Non-persistent buffers (rotary frequencies) are not in checkpoints and `to_empty` left them uninitialised."""
-    with torch.device(device):
-        model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)
-
-
-def packed_state_dict(model) -> dict[str, torch.Tensor]:
-    """The model's tensors as gpt-oss's MXFP4 checkpoints store them: experts as uint8 blocks + scales."""
-    return {k: v for k, v in model.state_dict().items() if "rotary_emb" not in k}
