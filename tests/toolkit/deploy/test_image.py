@@ -143,10 +143,10 @@ def test_the_tag_follows_the_content_and_the_base(tmp_path):
 def test_a_missing_repository_is_a_clear_error_and_nothing_is_built(engine, aws_env, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", engine.env["DOCKER_HOST"])
     cfg = load_config("tiny-gpt-oss-local", [f"aws.registry_url={engine.registry_url}", "serving.repository=nope"])
-    images_before = engine.docker("images", "-q").stdout
+    images_before = sorted(engine.docker("images", "-q").stdout.split())  # its order ties on creation time
     with pytest.raises(DeployError, match="ECR repository nope does not exist: run `toolkit infra deploy`"):
         ensure_image(cfg)
-    assert engine.docker("images", "-q").stdout == images_before
+    assert sorted(engine.docker("images", "-q").stdout.split()) == images_before
 
 
 def test_a_failed_build_names_the_step(engine, registry_config):
