@@ -7,7 +7,13 @@ compiled and uncompiled runs (same seed, same batches: they must agree to bf16 r
 then trains the compiled run on from its step-20 checkpoint to step 30. Prints a table; writes
 bench/results/entrypoint_gpu.json.
 
-  python bench/entrypoint_gpu.py
+`--shape 120b-slice` instead: gpt-oss-120b's width (128 experts, 201k vocabulary) with a few of its 36 layers,
+written as an MXFP4 checkpoint (random values: not pretrained), trained through the entrypoint as the
+`gpt-oss-120b-lora-1node` preset does (model.experts: mxfp4, LoRA r16/alpha32 on q/k/v/o, 4,096-token rows,
+recomputation), stopped at a checkpoint, resumed and merged (the merge keeps the experts MXFP4). Writes
+bench/results/entrypoint_gpu_120b_slice.json.
+
+  python bench/entrypoint_gpu.py [--shape 120b-slice --layers 8]
 """
 
 from __future__ import annotations
@@ -53,6 +59,52 @@ def settings(model: Path, compile_layers: bool | str, max_steps: int) -> TrainSe
     )
 
 
+def slice_settings(model: Path, max_steps: int) -> TrainSettings:
+    return TrainSettings.model_validate(
+        {
+            "model": {"id": str(model), "experts": "mxfp4"},
+            "data": {
+                "source": "builtin:multilingual-thinking-sample",
+                "format": "multilingual-thinking",
+                "max_length": 4096,
+            },
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+            "training": {
+                "learning_rate": 1e-4,
+                "max_steps": max_steps,
+                "packing": True,
+                "tokens_per_micro_batch": 16384,
+                "gradient_checkpointing": True,
+                "save_steps": 5,
+                "warmup_ratio": 0.1,
+                "merge_adapter": max_steps > 10,
+            },
+        }
+    )
+
+
+def write_slice_checkpoint(out: Path, layers: int) -> float:
+    """gpt-oss-120b's shape with `layers` layers, packed MXFP4 experts, saved as a gpt-oss checkpoint; GB."""
+    import torch
+    import train_throughput as tt
+    from safetensors.torch import save_file
+
+    from entrypoints.tiny_model import build_tokenizer
+
+    config = tt.gpt_oss_config(False, layers=layers, size="120b")
+    model = tt.build_packed_model(config, "cuda", "eager")
+    state = {key: value.detach().cpu().contiguous() for key, value in model.state_dict().items()}
+    del model
+    torch.cuda.empty_cache()
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # fmt: skip
+    config.save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    return sum(v.numel() * v.element_size() for v in state.values()) / 1e9
+
+
 def run(root: Path, train: TrainSettings) -> dict:
     config = root / "input" / "config"
     config.mkdir(parents=True, exist_ok=True)
@@ -70,14 +122,42 @@ def run(root: Path, train: TrainSettings) -> dict:
         "seconds": round(seconds, 1),
         "compiled": any("compiling" in line for line in lines),
         "resumed": next((line for line in lines if "resum" in line.lower()), ""),
+        "merged": next((line for line in lines if "merged" in line.lower()), ""),
+        "peak_gpu": next((line for line in lines if "peak" in line.lower()), ""),
         "steps": [int(m.split("step=")[1].split("/")[0]) for m in metrics],
         "losses": [float(m.split("loss=")[1].split()[0]) for m in metrics],
         "tail": "" if done.returncode == 0 else (done.stdout + done.stderr)[-3000:],
     }
 
 
+def main_slice(layers: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        model = Path(scratch) / "gpt-oss-120b-slice"
+        size = write_slice_checkpoint(model, layers)
+        first = run(Path(scratch) / "run", slice_settings(model, 10))
+        resumed = run(Path(scratch) / "run", slice_settings(model, 15))
+        merged = Path(scratch) / "run" / "model" / "merged"
+        merged_gb = sum(f.stat().st_size for f in merged.glob("*.safetensors")) / 1e9 if merged.exists() else 0
+    rows = [
+        {"run": f"120b slice ({layers} layers, {size:.1f} GB packed), 10 steps", "rc": first["rc"],
+         "seconds": first["seconds"], "steps": first["steps"][-1:], "first_loss": first["losses"][:1],
+         "last_loss": first["losses"][-1:]},
+        {"run": "resumed to 15 + merge", "rc": resumed["rc"], "seconds": resumed["seconds"],
+         "steps": resumed["steps"][:1] + resumed["steps"][-1:], "first_loss": resumed["losses"][:1],
+         "last_loss": resumed["losses"][-1:]},
+    ]  # fmt: skip
+    report("entrypoint_gpu_120b_slice", rows, {"layers": layers, "checkpoint_gb": round(size, 2),
+                                               "merged_gb": round(merged_gb, 2),
+                                               "runs": {"first": first, "resumed": resumed}})  # fmt: skip
+
+
 def main() -> None:
     from entrypoints.tiny_model import _build
+
+    if "--shape" in sys.argv:
+        layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 8
+        main_slice(layers)
+        return
 
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(scratch) / "tiny-gpt-oss-random"  # the builtin's architecture and tokenizer, not pretrained

@@ -210,6 +210,7 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
         model.gradient_checkpointing_disable()
     stamps: list[float] = []
     tokens: list[int] = []
+    rows_seen: list[int] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -221,19 +222,21 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
         def training_step(self, model, inputs, num_items_in_batch=None):
             real = inputs["document_ids"] >= 0 if "document_ids" in inputs else inputs["input_ids"] >= 0
             tokens.append(int(real.sum()))
+            ids = inputs.get("document_ids")
+            rows_seen.append(len(set(ids[ids >= 0].tolist())) if ids is not None else len(inputs["input_ids"]))
             return super().training_step(model, inputs, num_items_in_batch)
 
     trainer = Counting(
         model=model, args=args, train_dataset=dataset, callbacks=[Clock()], processing_class=tokenizer(), **extra
     )
-    return trainer, stamps, tokens
+    return trainer, stamps, tokens, rows_seen
 
 
 def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, out, experts, size="20b"):
     settings = settings_for(variant, max_length, budget, checkpointing, experts)
     model.config._attn_implementation = settings.model.attn_implementation
     model.config._experts_implementation = settings.model.experts_implementation
-    trainer, stamps, tokens = make_trainer(model, settings, rows, warmup + steps, out)
+    trainer, stamps, tokens, rows_seen = make_trainer(model, settings, rows, warmup + steps, out)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -259,6 +262,7 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "tokens_per_s": round(rate * world),
         "tokens_per_s_per_gpu": round(rate),
         "step_s": round(seconds / steps, 3),
+        "rows_per_optimizer_step": round(sum(rows_seen[warmup : warmup + steps]) / steps * world, 1),
         "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
         "mfu": round(rate * flops_per_token(checkpointing, size) / PEAK_BF16_FLOPS, 3),
@@ -466,6 +470,8 @@ PLAN = {  # name: (variant, max_length, tokens per micro-batch (None: --budget),
     "toolkit-16k": ("toolkit", 2048, 16384, False, 2),
     "toolkit-12k-compiled": ("toolkit", 2048, 12288, False, 3),  # -compiled: each decoder layer torch.compiled
     "toolkit-8k-compiled": ("toolkit", 2048, 8192, False, 3),
+    # the recipe's rows per optimizer step: 2,048-token micro-batches hold ~2 rows, the recipe's 1 row x 2 steps
+    "toolkit-2k-compiled": ("toolkit", 2048, 2048, False, 3),
     "recipe-again": ("recipe", 2048, 2048, True, 4),  # the baseline measured twice in one run: its spread
     "toolkit-gc": ("toolkit", 2048, None, True, 2),
     "toolkit-4k-seq": ("toolkit", 4096, 4096, True, 2),
@@ -613,7 +619,8 @@ def run_all(args) -> None:
     from common import report
 
     table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "packing", "gc", "max_length",
-                                         "tokens_per_micro_batch", "tokens_per_s", "vs_recipe", "step_s",
+                                         "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
+                                         "vs_recipe", "step_s",
                                          "peak_mem_gb", "mfu", "epoch_1000_rows_min", "error")}
              for r in rows]  # fmt: skip
     suffix = "_tiny" if args.tiny else f"_{world}gpu"

@@ -345,6 +345,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if resume:
         log(f"resuming from {resume}")
     result = trainer.train(resume_from_checkpoint=resume)
+    peak_gb = peak_gpu_memory_gb()
+    if peak_gb is not None:
+        log(f"peak GPU memory: {peak_gb} GB (rank {rank()})")
     if hooks[1].requested:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
         if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
@@ -369,6 +372,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         "train_loss": result.training_loss,
         "log_history": trainer.state.log_history,
         "seconds": round(time.monotonic() - started, 1),
+        "peak_gpu_memory_gb": peak_gb,
     }
     if settings.training.merge_adapter:
         del trainer, model
@@ -378,6 +382,15 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if settings.training.merge_adapter:
         log(f"merged model: {paths.model_dir / 'merged'}")
     return 0
+
+
+def peak_gpu_memory_gb() -> float | None:
+    """The most memory this rank's tensors held on its GPU during training (what decides which GPU a run fits)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 1e9, 1)
 
 
 def leave_process_group() -> None:

@@ -124,3 +124,39 @@ def test_chunked_loss_equals_full_logits_loss():
     (grad_chunked,) = torch.autograd.grad(total, hidden)
     (grad_full,) = torch.autograd.grad(expected, hidden)
     torch.testing.assert_close(grad_chunked, grad_full)
+
+
+def test_router_loss_under_checkpointing_keeps_nothing_from_the_recomputation(tiny_model_path, tmp_path):
+    """The load-balancing loss collects router logits with hooks; the backward pass's recomputation (gradient
+    checkpointing) runs those hooks again. Kept, those logits hold every layer's recomputed activations until the
+    next step (on the 120b shape ~2.7 MB per token). The loss and gradients must equal the run without
+    checkpointing, and nothing recorded may be left after backward."""
+    import datasets
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig
+
+    from toolkit.entrypoints.model import add_lora
+    from toolkit.entrypoints.packing import packed_trainer_class
+    from toolkit.entrypoints.settings import LoraSettings
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="eager")
+    model = add_lora(base, LoraSettings(dropout=0), seed=0)
+    docs = documents([90, 33, 140], seed=3)
+    packed = packed_dataset(datasets.Dataset.from_list(docs), token_budget=512, seed=0)
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", router_aux_loss_coef=0.5,
+                     remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})  # fmt: skip
+    trainer = packed_trainer_class()(model=model, args=args, train_dataset=packed, data_collator=collate)
+    model.train()
+    results = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.zero_grad()
+        loss = trainer.compute_loss(model, collate([packed[0]]))
+        loss.backward()
+        assert trainer._routers.logits == [], "router logits recorded outside the trainer's forward"
+        results.append((float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (plain_loss, plain_grads), (checkpointed_loss, checkpointed_grads) = results
+    assert checkpointed_loss == pytest.approx(plain_loss, rel=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
