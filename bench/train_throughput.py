@@ -484,6 +484,7 @@ PACKED = {  # model.experts: mxfp4. name: (shape, max_length, tokens per micro-b
     "120b-mxfp4-12k-gc": ("120b", 4096, 12288, True, 2),
     "120b-mxfp4-16k-gc": ("120b", 4096, 16384, True, 2),
     "120b-mxfp4-24k-gc": ("120b", 4096, 24576, True, 2),
+    "120b-mxfp4-32k-gc": ("120b", 4096, 32768, True, 2),
     "120b-mxfp4-8k": ("120b", 4096, 8192, False, 2),
 }
 EXPERT_LORA = {  # the same with LoRA on the MoE experts too
