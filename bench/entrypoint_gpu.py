@@ -89,6 +89,7 @@ def write_slice_checkpoint(out: Path, layers: int) -> float:
     import train_throughput as tt
     from safetensors.torch import save_file
 
+    from entrypoints.mxfp4 import QUANTIZATION_CONFIG
     from entrypoints.tiny_model import build_tokenizer
 
     config = tt.gpt_oss_config(False, layers=layers, size="120b")
@@ -98,8 +99,7 @@ def write_slice_checkpoint(out: Path, layers: int) -> float:
     torch.cuda.empty_cache()
     out.mkdir(parents=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config.quantization_config = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # fmt: skip
+    config.quantization_config = QUANTIZATION_CONFIG
     config.save_pretrained(out)
     build_tokenizer().save_pretrained(out)
     return sum(v.numel() * v.element_size() for v in state.values()) / 1e9

@@ -26,6 +26,15 @@ from torch import nn
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 SCALE_BIAS = 127  # scales are stored as biased exponents (uint8)
 PROJECTIONS = ("gate_up_proj", "down_proj")  # the experts' two weights, named as in transformers and the checkpoints
+QUANTIZATION_CONFIG = {  # config.json's entry in the released gpt-oss checkpoints: only the experts are MXFP4
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": [
+        "model.layers.*.self_attn",
+        "model.layers.*.mlp.router",
+        "model.embed_tokens",
+        "lm_head",
+    ],
+}
 _COMPILED: dict[str, Any] = {}
 
 

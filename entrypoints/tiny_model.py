@@ -226,6 +226,8 @@ def _save_mxfp4(model, out: Path) -> None:
     """Write the experts as gpt-oss's MXFP4 checkpoints do: uint8 `*_blocks` + `*_scales`."""
     from safetensors.torch import save_file
 
+    from .mxfp4 import QUANTIZATION_CONFIG
+
     state = {}
     for name, tensor in model.state_dict().items():
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
@@ -236,15 +238,7 @@ def _save_mxfp4(model, out: Path) -> None:
             state[name] = tensor.contiguous()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
-    config["quantization_config"] = {
-        "quant_method": "mxfp4",
-        "modules_to_not_convert": [
-            "model.layers.*.self_attn",
-            "model.layers.*.mlp.router",
-            "model.embed_tokens",
-            "lm_head",
-        ],
-    }
+    config["quantization_config"] = QUANTIZATION_CONFIG
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
