@@ -42,6 +42,27 @@ def test_two_processes_ddp_gloo_ranks_agree_only_rank0_writes(tmp_path):
     ]
 
 
+def test_two_processes_ddp_with_packed_mxfp4_experts(tmp_path):
+    """The gpt-oss-120b-lora-1node layout (ddp, every rank holding the packed experts) on two processes: the
+    ranks' adapters agree and the merged model keeps the experts in MXFP4."""
+    from safetensors import safe_open
+
+    config = load_config(
+        "tiny-gpt-oss-local",
+        [f"local.output_dir={tmp_path}/run", "local.nproc_per_node=2", "training.max_steps=4",
+         "training.save_steps=0", "model.id=builtin:tiny-gpt-oss-mxfp4", "model.experts=mxfp4",
+         "lora.target_parameters=[]"],
+    )  # fmt: skip
+    lines: list[str] = []
+    state = toolkit.train(config).wait(lines.append)
+    assert state.status is Status.COMPLETED, "\n".join(lines[-40:])
+    assert "ranks agree on the adapter weights (2 processes" in "\n".join(lines)
+    merged = tmp_path / "run" / "model" / "merged"
+    assert json.loads((merged / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    with safe_open(str(next(merged.glob("*.safetensors"))), framework="pt") as tensors:
+        assert any(key.endswith("experts.gate_up_proj_blocks") for key in tensors.keys())  # noqa: SIM118
+
+
 def test_stop_checkpoints_then_the_same_command_resumes(tmp_path):
     config = load_config(
         "tiny-gpt-oss-local",
