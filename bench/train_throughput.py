@@ -150,11 +150,20 @@ def tokenizer():
     return build_tokenizer()
 
 
+def _row_lengths(generator, n: int, max_length: int) -> list[int]:
+    """Log-normal row lengths, median ~1,000 tokens (Multilingual-Thinking-like), clipped to [64, max_length]."""
+    return torch.exp(torch.randn(n, generator=generator) * 0.6 + math.log(1000)).clamp(64, max_length).long().tolist()
+
+
+def row_lengths(n: int, max_length: int, seed: int = 0) -> list[int]:
+    """The lengths `synthetic_rows` draws (its first draw from the same seed)."""
+    return _row_lengths(torch.Generator().manual_seed(seed), n, max_length)
+
+
 def synthetic_rows(n: int, max_length: int, vocab: int, seed: int = 0) -> list[dict]:
     generator = torch.Generator().manual_seed(seed)
-    lengths = torch.exp(torch.randn(n, generator=generator) * 0.6 + math.log(1000)).clamp(64, max_length)
     rows = []
-    for length in lengths.long().tolist():
+    for length in _row_lengths(generator, n, max_length):
         ids = torch.randint(0, vocab, (length,), generator=generator).tolist()
         prompt = int(0.35 * length)
         rows.append({"input_ids": ids, "labels": [IGNORE_INDEX] * prompt + ids[prompt:]})
@@ -265,15 +274,32 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "rows_per_optimizer_step": round(sum(rows_seen[warmup : warmup + steps]) / steps * world, 1),
         "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
-        "mfu": round(rate * flops_per_token(checkpointing, size) / PEAK_BF16_FLOPS, 3),
+        "mfu": round(rate * flops_per_token(checkpointing, size, max_length) / PEAK_BF16_FLOPS, 3),
     }
 
 
-def flops_per_token(checkpointing: bool, size: str = "20b") -> float:
-    """Matrix FLOPs per trained token on the active parameters, counted as done: forward 2N, backward to the
-    inputs 2N (the base is frozen: no weight gradients; LoRA's are negligible), and another forward 2N when
-    activations are recomputed. Attention's sequence-length term is left out (small at these lengths)."""
-    return (4 + (2 if checkpointing else 0)) * ACTIVE_PARAMS[size]
+def flops_per_token(checkpointing: bool, size: str = "20b", max_length: int = 2048) -> float:
+    """Matrix FLOPs per trained token, counted as done: on the active parameters forward 2N, backward to the inputs
+    2N (the base is frozen: no weight gradients; LoRA's are negligible), and another forward 2N when activations
+    are recomputed; plus attention's own (`attention_flops_per_token`)."""
+    dense = (4 + (2 if checkpointing else 0)) * ACTIVE_PARAMS[size]
+    return dense + attention_flops_per_token(checkpointing, size, max_length)
+
+
+def attention_flops_per_token(checkpointing: bool, size: str, max_length: int) -> float:
+    """QK^T and PV: 4 x heads x head_dim FLOPs per attended key in the forward, twice that in the backward (to q, k
+    and v), once more when recomputed. A token attends to every earlier token of its own row in full-attention
+    layers and to at most the window's in sliding ones (the packed masks; the recipe's unpacked rows the same),
+    averaged over the benchmark's rows."""
+    config = gpt_oss_config(False, size=size)
+    window = config.sliding_window
+    lengths = row_lengths(1000, max_length)
+    full = sum(n * (n + 1) / 2 for n in lengths)
+    sliding = sum(min(n, window) * (min(n, window) + 1) / 2 + max(n - window, 0) * window for n in lengths)
+    types = config.layer_types
+    keys_per_token = (types.count("full_attention") * full + types.count("sliding_attention") * sliding) / sum(lengths)
+    forward = 4 * config.num_attention_heads * config.head_dim * keys_per_token
+    return forward * (3 + (1 if checkpointing else 0))
 
 
 def correctness_gate(config, device, max_length):
@@ -524,7 +550,7 @@ def run_one(name: str, args, device, dtype) -> dict:
     steps = args.steps * (4 if variant == "recipe" else 1)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, variant, rows, steps, warmup, max_length, budget, checkpointing, Path(out), experts)
-    epoch_tokens = sum(len(r["input_ids"]) for r in synthetic_rows(1000, 2048, config.vocab_size))
+    epoch_tokens = sum(row_lengths(1000, 2048))
     if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
         row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
     return {"name": name, **row}
