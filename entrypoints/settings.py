@@ -8,6 +8,7 @@ SageMaker hyperparameters (flattened by `to_hyperparameters`).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,6 +24,15 @@ GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", 
 GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
+
+
+def local_model_type(model_id: str) -> str | None:
+    """`model_type` of a checkpoint directory on this machine (its config.json); None for hub ids and for paths
+    that exist only where the job runs (e.g. a cluster's /fsx)."""
+    try:
+        return json.loads((Path(model_id).expanduser() / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class StrictModel(BaseModel):
@@ -69,7 +79,18 @@ class ModelSettings(StrictModel):
 
     @property
     def is_gpt_oss(self) -> bool:
-        return "gpt-oss" in self.id.lower()
+        """By name, or by the config of a checkpoint directory here (a local copy need not be named gpt-oss)."""
+        return "gpt-oss" in self.id.lower() or local_model_type(self.id) == "gpt_oss"
+
+    @property
+    def known_not_gpt_oss(self) -> bool:
+        """Certainly another architecture: a hub id not named gpt-oss, or a checkpoint here of another type. A path
+        that is not on this machine is not known (the job's load checks it there)."""
+        if self.is_gpt_oss:
+            return False
+        if self.id.startswith(("/", "./", "../", "~")):
+            return local_model_type(self.id) is not None
+        return True
 
     @model_validator(mode="after")
     def _gpt_oss_attention(self) -> ModelSettings:
@@ -250,7 +271,7 @@ class TrainSettings(StrictModel):
     def _packed_experts_are_frozen(self) -> TrainSettings:
         if self.model.experts != "mxfp4":
             return self
-        if not self.model.is_gpt_oss or self.model.id == TINY_GPT_OSS:
+        if self.model.known_not_gpt_oss or self.model.id == TINY_GPT_OSS:
             raise ValueError(
                 f"model.experts: mxfp4 is for gpt-oss MXFP4 checkpoints; {self.model.id} is not one: set "
                 f"model.experts: bf16 (or model.id: {TINY_GPT_OSS_MXFP4} to try it)"

@@ -11,7 +11,7 @@ import torch
 
 from tests.entrypoints.helpers import lay_out, losses, run_entrypoint
 from toolkit.entrypoints import mxfp4
-from toolkit.entrypoints.model import add_lora, load_model
+from toolkit.entrypoints.model import add_lora, load_model, resolve_model_path
 from toolkit.entrypoints.settings import LoraSettings, ModelSettings
 
 TINY_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"
@@ -167,3 +167,31 @@ def test_packed_loading_holds_one_copy_of_the_packed_model(tmp_path):
     assert bf16_held > 3 * packed_held  # the experts: 4.25 bits against 16
     assert packed_peak < 1.2 * packed_held + 8 * 1024, measured  # no second copy, no bf16 experts on the way
     assert bf16_peak > 2.5 * packed_peak, measured
+
+
+def test_a_local_checkpoint_is_recognised_by_its_config_not_its_name(tmp_path):
+    """A copy of a gpt-oss checkpoint on FSx or a local disk need not be named gpt-oss: its config.json decides.
+    A path that is not on this machine (a cluster's /fsx) is left to the job's load; another architecture here is
+    refused with what to do."""
+    from pydantic import ValidationError
+
+    from toolkit.entrypoints.settings import TrainSettings
+
+    def settings(model_id: str) -> TrainSettings:
+        return TrainSettings.model_validate(
+            {"model": {"id": model_id, "experts": "mxfp4", "dtype": "float32"},
+             "data": {"source": "builtin:multilingual-thinking-sample"}, "lora": {"target_parameters": []}}
+        )  # fmt: skip
+
+    base = tmp_path / "base"
+    base.symlink_to(resolve_model_path(ModelSettings(id=TINY_MXFP4)))
+    local = settings(str(base))
+    assert local.model.is_gpt_oss
+    experts = load_model(local.model).model.layers[0].mlp.experts
+    assert isinstance(experts, mxfp4.Mxfp4Experts)
+    assert settings("/fsx/models/base").model.id == "/fsx/models/base"  # not here: checked where the job runs
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValidationError, match="model.experts: mxfp4 is for gpt-oss MXFP4 checkpoints"):
+        settings(str(other))

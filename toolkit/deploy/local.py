@@ -63,12 +63,12 @@ def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
 def _adapter_on_gpt_oss(model: Path) -> bool:
     import json
 
+    from toolkit.entrypoints.settings import ModelSettings
+
     try:
         base = json.loads((model / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        if not base:
-            return False
-        return "gpt-oss" in base or json.loads((Path(base) / "config.json").read_text())["model_type"] == "gpt_oss"
-    except (OSError, KeyError, ValueError):
+        return bool(base) and ModelSettings(id=base).is_gpt_oss
+    except (OSError, ValueError):  # no adapter (yet), or a base no settings accept: pydantic's errors are ValueErrors
         return False
 
 
