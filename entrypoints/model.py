@@ -13,7 +13,10 @@ def resolve_model_path(settings: ModelSettings) -> str:
         from .tiny_model import tiny_gpt_oss_path
 
         return str(tiny_gpt_oss_path(mxfp4=settings.id == TINY_GPT_OSS_MXFP4))
-    return settings.id
+    missing = settings.missing_here()
+    if missing:
+        raise ValueError(missing)
+    return str(Path(settings.id).expanduser()) if settings.is_path else settings.id
 
 
 def compute_dtype(settings: ModelSettings):

@@ -88,9 +88,23 @@ class ModelSettings(StrictModel):
         that is not on this machine is not known (the job's load checks it there)."""
         if self.is_gpt_oss:
             return False
-        if self.id.startswith(("/", "./", "../", "~")):
+        if self.is_path:
             return local_model_type(self.id) is not None
         return True
+
+    @property
+    def is_path(self) -> bool:
+        """A directory (absolute, relative or ~), not a hub id."""
+        return self.id.startswith(("/", "./", "../", "~"))
+
+    def missing_here(self) -> str | None:
+        """What is wrong when model.id is a directory that this machine does not have; None otherwise."""
+        if not self.is_path or Path(self.id).expanduser().is_dir():
+            return None
+        return (
+            f"model.id: {self.id} is not a directory on this machine; a local model.id must be a checkpoint "
+            "directory (config.json + *.safetensors) where the job runs (or use a hub id)"
+        )
 
     @model_validator(mode="after")
     def _gpt_oss_attention(self) -> ModelSettings:

@@ -111,6 +111,8 @@ BROKEN = [
         "builtin:tiny-gpt-oss is not one",
     ),
     ({"model": {"id": "Qwen/Qwen3-0.6B", "experts": "mxfp4"}}, "model.experts: mxfp4 is for gpt-oss"),
+    ({"model": {"id": "/no/such/checkpoint"}}, "model.id: /no/such/checkpoint is not a directory on this machine"),
+    ({"target": "training-job", "model": {"id": "/fsx/models/base"}}, "a training job cannot read the local"),
     ({"lora": {"rnak": 16}}, "lora.rnak: unknown key; did you mean 'r'?"),
     ({"training": {"learning_rate": "fast"}}, "training.learning_rate"),
     ({"training": {"warmup_ratio": 1.5}}, "training.warmup_ratio"),

@@ -286,6 +286,15 @@ class Config(TrainSettings):
     def _target_needs(self) -> Config:
         if self.target == "hyperpod" and not self.hyperpod.cluster:
             raise ValueError("target 'hyperpod' needs hyperpod.cluster: set the cluster name")
+        if self.target == "training-job" and self.model.is_path:
+            raise ValueError(
+                f"model.id: a training job cannot read the local directory {self.model.id}; it downloads model.id "
+                "from the Hugging Face hub: use a hub id (local checkpoints: --target local, or hyperpod with the "
+                "directory on the cluster's shared filesystem)"
+            )
+        missing = self.model.missing_here() if self.target == "local" else None
+        if missing:
+            raise ValueError(missing)
         if self.target == "training-job" and self.data.source.startswith("fsx://") and not self.training_job.subnets:
             raise ValueError(
                 "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
