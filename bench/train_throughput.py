@@ -274,6 +274,8 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "rows_per_optimizer_step": round(sum(rows_seen[warmup : warmup + steps]) / steps * world, 1),
         "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
+        # what the allocator held (cached and fragmented blocks too): what decides whether a smaller GPU fits it
+        "peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 1) if torch.cuda.is_available() else 0,
         "mfu": round(rate * flops_per_token(checkpointing, size, max_length) / PEAK_BF16_FLOPS, 3),
     }
 
@@ -648,7 +650,8 @@ def run_all(args) -> None:
     table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "packing", "gc", "max_length",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",
-                                         "peak_mem_gb", "mfu", "epoch_1000_rows_min", "error")}
+                                         "peak_mem_gb", "peak_reserved_gb", "mfu", "epoch_1000_rows_min",
+                                         "error")}
              for r in rows]  # fmt: skip
     suffix = "_tiny" if args.tiny else f"_{world}gpu"
     report(f"train_throughput{suffix}{args.tag}", table, results)
