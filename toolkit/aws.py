@@ -120,6 +120,20 @@ def require_bucket(settings: AwsSettings, boto_session: Any = None) -> None:
         raise
 
 
+UPLOAD_MARKER = ".toolkit-complete"  # written last under an uploaded prefix: there, the upload is whole
+
+
+def upload_complete(s3: Any, bucket: str, prefix: str) -> bool:
+    """Whether an earlier upload under `prefix` finished (its marker exists)."""
+    try:
+        s3.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{UPLOAD_MARKER}")
+        return True
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+            raise
+        return False
+
+
 def upload_tree(s3: Any, source: Path, bucket: str, prefix: str) -> None:
     """Upload a file, or every file under a directory (keeping relative paths), under `prefix`."""
     files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from toolkit.aws import UPLOAD_MARKER
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import to_hyperparameters
@@ -256,7 +257,6 @@ class EksJob(Job):
             time.sleep(poll_seconds)
 
 
-EXPORT_MARKER = "_toolkit_export_complete"  # written last: the prefix holds a whole model
 # Runs in the export pod (the training image: Python + boto3, the pod's AWS role); argv: model dir, bucket, prefix
 EXPORT_SCRIPT = """
 import pathlib, sys, boto3
@@ -270,7 +270,7 @@ for number, path in enumerate(files, 1):
     print(f"[{number}/{len(files)}] {path.relative_to(source)}", flush=True)
 s3.put_object(Bucket=bucket, Key=f"{prefix}/MARKER", Body=b"")
 print(f"exported {len(files)} files to s3://{bucket}/{prefix}/", flush=True)
-""".replace("MARKER", EXPORT_MARKER)
+""".replace("MARKER", UPLOAD_MARKER)  # written last, as every toolkit upload: the prefix holds a whole model
 
 
 def export_job(config: Config, run_id: str, bucket: str, prefix: str) -> dict[str, Any]:
@@ -318,16 +318,11 @@ def export_model(config: Config, dry_run: bool = False, poll_seconds: float = 5)
     run_id = run["metadata"]["uid"].replace("-", "")[:16]
     bucket, prefix = str(config.aws.bucket), f"{base}/{run_id}"
     s3 = aws.client(config.aws, "s3")
-    if not _exported(s3, bucket, prefix):
+    if not aws.upload_complete(s3, bucket, prefix):
         _run_export(config, export_job(config, run_id, bucket, prefix), poll_seconds)
-        if not _exported(s3, bucket, prefix):
+        if not aws.upload_complete(s3, bucket, prefix):
             raise TargetError(f"the export job finished but s3://{bucket}/{prefix}/ is incomplete")
     return f"s3://{bucket}/{prefix}/"
-
-
-def _exported(s3, bucket: str, prefix: str) -> bool:
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{EXPORT_MARKER}", MaxKeys=1)
-    return bool(listed.get("KeyCount"))
 
 
 def _run_export(config: Config, job: dict[str, Any], poll_seconds: float) -> None:

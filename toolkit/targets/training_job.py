@@ -86,15 +86,9 @@ def upload_once(s3, config: Config, source: Path, kind: str = "data", key: str |
     bucket = config.aws.bucket
     assert bucket is not None  # callers check aws.bucket first
     prefix = f"{config.aws.prefix}/{kind}/{key or content_hash(source)}"
-    marker = f"{prefix}/.toolkit-complete"
-    try:
-        s3.head_object(Bucket=bucket, Key=marker)
-        return f"s3://{bucket}/{prefix}/"
-    except s3.exceptions.ClientError as exc:
-        if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
-            raise
-    aws.upload_tree(s3, source, bucket, prefix)
-    s3.put_object(Bucket=bucket, Key=marker, Body=b"")
+    if not aws.upload_complete(s3, bucket, prefix):
+        aws.upload_tree(s3, source, bucket, prefix)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{aws.UPLOAD_MARKER}", Body=b"")
     return f"s3://{bucket}/{prefix}/"
 
 

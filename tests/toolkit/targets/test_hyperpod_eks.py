@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from tests.k8s_emulator import KubeApi
 from tests.openapi_check import errors
+from toolkit.aws import UPLOAD_MARKER
 from toolkit.cli import app
 from toolkit.config import load_config
 from toolkit.targets.base import Status, TargetError
@@ -332,7 +333,7 @@ def test_deploy_exports_a_completed_eks_run_from_fsx_once(cluster, aws_env, tmp_
     listed = s3.list_objects_v2(Bucket=aws_env["bucket"], Prefix=prefix)["Contents"]
     keys = {o["Key"][len(prefix) + 1 :] for o in listed}
     expected = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
-    assert keys == expected | {"_toolkit_export_complete"}
+    assert keys == expected | {UPLOAD_MARKER}
     body = s3.get_object(Bucket=aws_env["bucket"], Key=f"{prefix}/merged/model.safetensors")["Body"].read()
     assert body == b"weights"
 
