@@ -34,6 +34,7 @@ from entrypoints.settings import TrainSettings
 PEAK_BF16_FLOPS = 790e12  # measured on this H200 (8192^3 bf16 matmul, random data)
 ACTIVE_PARAMS = {"20b": 3.6e9, "120b": 5.1e9}
 FAST_ATTENTION = "flex_attention"  # --tiny runs on CPU, where flex cannot do gpt-oss's sinks: eager there
+MEMORY_AT_PEAK: dict | None = None  # --memory-peak: what is alive at the last step's peak (bench/memory_peak.py)
 
 
 def gpt_oss_config(tiny: bool, layers: int | None = None, size: str = "20b"):
@@ -235,8 +236,22 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
             rows_seen.append(len(set(ids[ids >= 0].tolist())) if ids is not None else len(inputs["input_ids"]))
             return super().training_step(model, inputs, num_items_in_batch)
 
+    class MemoryAtPeak(TrainerCallback):
+        before = 0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == steps - 1:
+                self.before = memory_peak.start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == steps and MEMORY_AT_PEAK is not None:
+                MEMORY_AT_PEAK.update(memory_peak.stop(self.before))
+
+    import memory_peak
+
+    callbacks = [Clock(), *([MemoryAtPeak()] if MEMORY_AT_PEAK is not None else [])]
     trainer = Counting(
-        model=model, args=args, train_dataset=dataset, callbacks=[Clock()], processing_class=tokenizer(), **extra
+        model=model, args=args, train_dataset=dataset, callbacks=callbacks, processing_class=tokenizer(), **extra
     )
     return trainer, stamps, tokens, rows_seen
 
@@ -276,8 +291,16 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
         # what the allocator held (cached and fragmented blocks too): what decides whether a smaller GPU fits it
         "peak_reserved_gb": round(torch.cuda.max_memory_reserved() / 1e9, 1) if torch.cuda.is_available() else 0,
+        # the CUDA context, kernels and libraries' workspaces: the rest of what a GPU must have
+        "outside_allocator_gb": round(outside_allocator_bytes() / 1e9, 1) if torch.cuda.is_available() else 0,
+        **({"memory_at_peak": MEMORY_AT_PEAK} if MEMORY_AT_PEAK else {}),
         "mfu": round(rate * flops_per_token(checkpointing, size, max_length) / PEAK_BF16_FLOPS, 3),
     }
+
+
+def outside_allocator_bytes() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
 
 
 def flops_per_token(checkpointing: bool, size: str = "20b", max_length: int = 2048) -> float:
@@ -577,6 +600,18 @@ def run_packed(name: str, args, device) -> dict:
     return {"name": name, **row, "experts": "mxfp4 (packed)"}
 
 
+H100_80GB_GB = 85.52  # 81,559 MiB, the total nvidia-smi reports for an "80GB" H100 (and what a p5's GPUs have)
+
+
+def emulate_gpu_size(device: str, gb: float) -> None:
+    """A smaller GPU on this one: PyTorch's allocator may hold `gb` less what the process already has outside it
+    (the CUDA context), and raises OutOfMemoryError past that, as it would there (after freeing its cache)."""
+    torch.zeros(1, device=device)  # create the context first: it counts against the GPU, not the allocator
+    free, total = torch.cuda.mem_get_info(device)
+    outside = total - free - torch.cuda.memory_reserved(device)
+    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (gb * 1e9 - outside) / total)), device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU: a smoke test of this script")
@@ -585,18 +620,27 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=16384, help="tokens per packed micro-batch")
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--tag", default="", help="suffix of the result file, e.g. _experts")
+    parser.add_argument("--gpu-memory-gb", type=float, default=0.0,
+                        help=f"run as on a GPU of this many GB in all ({H100_80GB_GB}: an H100 80GB)")  # fmt: skip
+    parser.add_argument("--memory-peak", action="store_true", help="what is alive at the last step's peak, by origin")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
-    global FAST_ATTENTION
+    global FAST_ATTENTION, MEMORY_AT_PEAK
     if args.tiny:
         FAST_ATTENTION = "eager"
+    if args.memory_peak and not args.tiny:
+        MEMORY_AT_PEAK = {}
     device = "cpu" if args.tiny else f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if device != "cpu":
         torch.cuda.set_device(device)
+        if args.gpu_memory_gb:
+            emulate_gpu_size(device, args.gpu_memory_gb)
     dtype = torch.float32 if args.tiny else torch.bfloat16
     if args.only:
         result = run_one(args.only, args, device, dtype)
+        if args.gpu_memory_gb:
+            result["gpu_memory_cap_gb"] = args.gpu_memory_gb  # the GPU it ran as
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return
@@ -621,7 +665,9 @@ def run_all(args) -> None:
         if name in ("gate", "moe-block", "mxfp4-gate") and world > 1:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
-                   "--rows", str(args.rows), *(["--tiny"] if args.tiny else [])]  # fmt: skip
+                   "--rows", str(args.rows), "--gpu-memory-gb", str(args.gpu_memory_gb),
+                   *(["--memory-peak"] if args.memory_peak else []),
+                   *(["--tiny"] if args.tiny else [])]  # fmt: skip
         env = dict(os.environ) if world > 1 or args.tiny else dict(os.environ, CUDA_VISIBLE_DEVICES="0")
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         found = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -631,6 +677,8 @@ def run_all(args) -> None:
         else:
             result = json.loads(found[-1])
         print(json.dumps(result), flush=True)
+        for part in result.get("memory_at_peak", {}).get("rows", []):
+            print(f"  {part['gb']:8.2f} GB {part['tensors']!s:>6}  {part['allocated_at']}", flush=True)
         if name == "gate":
             results["correctness"] = result
         elif name == "moe-block":
@@ -650,7 +698,8 @@ def run_all(args) -> None:
     table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "packing", "gc", "max_length",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",
-                                         "peak_mem_gb", "peak_reserved_gb", "mfu", "epoch_1000_rows_min",
+                                         "peak_mem_gb", "peak_reserved_gb", "outside_allocator_gb", "gpu_memory_cap_gb",
+                                         "mfu", "epoch_1000_rows_min",
                                          "error")}
              for r in rows]  # fmt: skip
     suffix = "_tiny" if args.tiny else f"_{world}gpu"

@@ -58,10 +58,10 @@ def test_packed_experts_give_the_dequantized_models_logits_and_lora_gradients():
     assert expert_bytes(ref_model) / expert_bytes(model) > 7
 
 
-@pytest.mark.parametrize(("checkpointing", "expected"), [(True, 8), (False, 6)])
+@pytest.mark.parametrize(("checkpointing", "expected"), [(True, 8), (False, 8)])
 def test_backward_reuses_the_weights_a_recomputed_forward_just_dequantized(monkeypatch, checkpointing, expected):
     """Tiny model: 2 layers x 2 projections. With recomputation each layer's backward follows its recomputed
-    forward: 4 (forward) + 4 (recompute) + 0 (backward). Without: 4 + 2 (only the last layer's are still held)."""
+    forward: 4 (forward) + 4 (recompute) + 0 (backward). Without: 4 + 4 (the first forward keeps nothing)."""
     calls = []
     real = mxfp4.dequantize
     monkeypatch.setattr(mxfp4, "dequantize", lambda *a: calls.append(1) or real(*a))
@@ -69,6 +69,35 @@ def test_backward_reuses_the_weights_a_recomputed_forward_just_dequantized(monke
     _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4"), ids, checkpointing)
     assert len(calls) == expected
     assert not mxfp4._LAST_FORWARD  # nothing held once backward is done
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_a_layer_dequantizes_only_after_other_layers_weights_are_dropped(monkeypatch, checkpointing):
+    """What bounds 120b's peak memory: while a layer dequantizes a projection, the only other dequantized weights
+    alive are its own other projection's (gate_up's while down is decoded), never the previous layer's too."""
+    held_while_decoding = []
+    real = mxfp4.dequantize
+
+    def counting(*args):
+        held_while_decoding.append(len(mxfp4._LAST_FORWARD))
+        return real(*args)
+
+    monkeypatch.setattr(mxfp4, "dequantize", counting)
+    ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(1))
+    _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4"), ids, checkpointing)
+    assert held_while_decoding and max(held_while_decoding) <= 1
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_first_forward_keeps_no_dequantized_weights_into_the_loss(checkpointing):
+    """120b's step peaks in the loss, after the last layer: dequantized weights held there are 6.4 GB more."""
+    model = add_lora(load_model(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4")), LoraSettings(), 0)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids = torch.randint(0, 1000, (1, 24), generator=torch.Generator().manual_seed(1))
+    out = model(input_ids=ids, labels=ids)
+    assert out.loss.requires_grad and not mxfp4._LAST_FORWARD
 
 
 def test_entrypoint_trains_packed_experts_and_merges_them_as_mxfp4(tmp_path):
