@@ -194,6 +194,19 @@ def test_packed_experts_are_sized_as_mxfp4_for_training_and_serving():
     load_config("gpt-oss-120b-lora-1node", ["serving.instance_type=ml.p5.48xlarge", "serving.tensor_parallel_size=2"])
 
 
+def test_a_micro_batch_measured_to_run_out_of_memory_is_refused_before_launch():
+    """120b with packed experts on 80 GB GPUs (bench/train_throughput.py --gpu-memory-gb 85.52): 16,384 tokens ran,
+    24,576 ran out of memory. On H200s 24,576 ran (84.5 GB): the limit is per GPU size."""
+    on_p5 = ["target=training-job", "training_job.instance_type=ml.p5.48xlarge"]
+    assert load_config("gpt-oss-120b-lora-1node", [*on_p5, "training.tokens_per_micro_batch=16384"])
+    with pytest.raises(ConfigError, match=r"24576 is too many .* 80 GiB GPUs of ml.p5.48xlarge.*16384 or less"):
+        load_config("gpt-oss-120b-lora-1node", [*on_p5, "training.tokens_per_micro_batch=24576"])
+    on_hyperpod = ["target=hyperpod", "hyperpod.cluster=c", "hyperpod.instance_type=ml.p5.48xlarge"]
+    with pytest.raises(ConfigError, match="hyperpod.instance_type"):
+        load_config("gpt-oss-120b-lora-1node", [*on_hyperpod, "training.tokens_per_micro_batch=32768"])
+    assert load_config("gpt-oss-120b-lora-1node", ["target=training-job", "training.tokens_per_micro_batch=24576"])
+
+
 @pytest.mark.parametrize(("change", "expected"), BROKEN, ids=[b[1][:40] for b in BROKEN])
 def test_broken_configs_name_the_field(tmp_path, change, expected):
     path = tmp_path / "job.yaml"

@@ -73,6 +73,23 @@ MODELS: dict[str, ModelShape] = {
 }
 
 
+class MeasuredMicroBatch(NamedTuple):
+    """Packed micro-batches measured on a GPU of this memory: the largest that trained, the smallest that did not."""
+
+    fits: int
+    out_of_memory: int
+    source: str
+
+
+# (model, model.experts, GPU GiB) -> measured with ddp, recomputation, LoRA r16 q/k/v/o, max length 4,096:
+# bench/train_throughput.py --gpu-memory-gb 85.52 (an H100 80GB's memory, on an H200 with the allocator capped)
+MICRO_BATCH_LIMITS: dict[tuple[str, str, int], MeasuredMicroBatch] = {
+    ("openai/gpt-oss-120b", "mxfp4", 80): MeasuredMicroBatch(
+        16384, 24576, "bench/results/train_throughput_1gpu_h100_80gb.json"
+    ),
+}
+
+
 def instance(name: str, field: str) -> Instance:
     """Look up an instance type, or fail with a message that names the field and the choices."""
     try:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from toolkit.config.instances import MODELS, instance
+from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
 
 TargetName = Literal["local", "training-job", "hyperpod"]
@@ -363,6 +363,27 @@ class Config(TrainSettings):
                 f"training.distributed: ddp puts all of {self.model.id} (~{weights_gib:.0f} GiB, {held}) on each "
                 f"{gpu_gib} GiB GPU of {instance_type}: set training.distributed: fsdp (shards it over the GPUs)"
                 f"{packed} or choose a larger {instance_field}.instance_type"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _micro_batch_below_what_ran_out_of_memory(self) -> Config:
+        """A packed micro-batch measured to run out of memory on this GPU fails only after the job has loaded."""
+        instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
+        budget, training = self.training.tokens_per_micro_batch, self.training
+        if instance_field is None or not training.packing or budget is None or training.distributed != "ddp":
+            return self
+        if training.gradient_checkpointing is False:  # measured with recomputation; without it needs more
+            return self
+        instance_type = getattr(self, instance_field).instance_type
+        gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
+        measured = MICRO_BATCH_LIMITS.get((self.model.id, self.model.experts, gpu_gib))
+        if measured and budget >= measured.out_of_memory:
+            raise ValueError(
+                f"training.tokens_per_micro_batch: {budget} is too many for {self.model.id} (model.experts: "
+                f"{self.model.experts}) on the {gpu_gib} GiB GPUs of {instance_type}: {measured.out_of_memory} ran "
+                f"out of memory there ({measured.source}); set it to {measured.fits} or less (measured to fit) or "
+                f"choose a larger {instance_field}.instance_type"
             )
         return self
 
