@@ -70,8 +70,13 @@ def build_model(config, device, dtype, attn, experts="toolkit_fused"):
     config._attn_implementation = attn
     config._experts_implementation = experts
     torch.manual_seed(0)
-    with torch.device(device):
-        model = GptOssForCausalLM(config).to(dtype)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in dtype: fp32 first would need 2x the memory (20b: 84 GB) for a moment
+    try:
+        with torch.device(device):
+            model = GptOssForCausalLM(config).to(dtype)
+    finally:
+        torch.set_default_dtype(default)
     model.config.use_cache = False
     return model
 
