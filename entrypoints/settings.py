@@ -312,6 +312,11 @@ class TrainSettings(StrictModel):
             )
         return self
 
+    def micro_batch_tokens(self) -> int:
+        """A packed micro-batch's token budget: training.tokens_per_micro_batch, by default one full-length row per
+        device batch slot."""
+        return self.training.tokens_per_micro_batch or self.data.max_length * self.training.per_device_batch_size
+
 
 TRAIN_SECTIONS = tuple(TrainSettings.model_fields)
 

@@ -323,9 +323,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if settings.training.packing:
         from .packing import collate, packed_dataset, packed_trainer_class
 
-        budget = settings.training.tokens_per_micro_batch or (
-            settings.data.max_length * settings.training.per_device_batch_size
-        )
+        budget = settings.micro_batch_tokens()
         dataset = packed_dataset(dataset, budget, settings.training.seed)
         log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
         log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))

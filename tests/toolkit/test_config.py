@@ -204,6 +204,12 @@ def test_a_micro_batch_measured_to_run_out_of_memory_is_refused_before_launch():
     on_hyperpod = ["target=hyperpod", "hyperpod.cluster=c", "hyperpod.instance_type=ml.p5.48xlarge"]
     with pytest.raises(ConfigError, match="hyperpod.instance_type"):
         load_config("gpt-oss-120b-lora-1node", [*on_hyperpod, "training.tokens_per_micro_batch=32768"])
+    with pytest.raises(ConfigError, match="24576 is too many"):  # without recomputation it needs more, not less
+        load_config("gpt-oss-120b-lora-1node", [*on_p5, "training.gradient_checkpointing=false",
+                                                "training.tokens_per_micro_batch=24576"])  # fmt: skip
+    with pytest.raises(ConfigError, match="32768 is too many"):  # the default budget: one row of data.max_length
+        load_config("gpt-oss-120b-lora-1node", [*on_p5, "data.max_length=32768", "serving.max_model_len=32768",
+                                                "training.tokens_per_micro_batch=null"])  # fmt: skip
     assert load_config("gpt-oss-120b-lora-1node", ["target=training-job", "training.tokens_per_micro_batch=24576"])
 
 

@@ -82,7 +82,8 @@ class MeasuredMicroBatch(NamedTuple):
 
 
 # (model, model.experts, GPU GiB) -> measured with ddp, recomputation, LoRA r16 q/k/v/o, max length 4,096:
-# bench/train_throughput.py --gpu-memory-gb 85.52 (an H100 80GB's memory, on an H200 with the allocator capped)
+# bench/train_throughput.py --gpu-memory-gb 85.52 (an H100 80GB's memory, on an H200 with the allocator capped).
+# Without recomputation a micro-batch needs more, so what ran out of memory with it is refused either way.
 MICRO_BATCH_LIMITS: dict[tuple[str, str, int], MeasuredMicroBatch] = {
     ("openai/gpt-oss-120b", "mxfp4", 80): MeasuredMicroBatch(
         16384, 24576, "bench/results/train_throughput_1gpu_h100_80gb.json"

@@ -370,10 +370,8 @@ class Config(TrainSettings):
     def _micro_batch_below_what_ran_out_of_memory(self) -> Config:
         """A packed micro-batch measured to run out of memory on this GPU fails only after the job has loaded."""
         instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
-        budget, training = self.training.tokens_per_micro_batch, self.training
-        if instance_field is None or not training.packing or budget is None or training.distributed != "ddp":
-            return self
-        if training.gradient_checkpointing is False:  # measured with recomputation; without it needs more
+        budget, training = self.micro_batch_tokens(), self.training
+        if instance_field is None or not training.packing or training.distributed != "ddp":
             return self
         instance_type = getattr(self, instance_field).instance_type
         gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
@@ -382,8 +380,8 @@ class Config(TrainSettings):
             raise ValueError(
                 f"training.tokens_per_micro_batch: {budget} is too many for {self.model.id} (model.experts: "
                 f"{self.model.experts}) on the {gpu_gib} GiB GPUs of {instance_type}: {measured.out_of_memory} ran "
-                f"out of memory there ({measured.source}); set it to {measured.fits} or less (measured to fit) or "
-                f"choose a larger {instance_field}.instance_type"
+                f"out of memory there ({measured.source}); set it to {measured.fits} or less (fits, with "
+                f"training.gradient_checkpointing on) or choose a larger {instance_field}.instance_type"
             )
         return self
 
@@ -421,7 +419,7 @@ class Config(TrainSettings):
         rows_unpacked = t.per_device_batch_size * accumulation * world
         lines = [f"{world} GPU process(es) x {accumulation} micro-batch(es) per optimizer step"]
         if t.packing:
-            budget = t.tokens_per_micro_batch or self.data.max_length * t.per_device_batch_size
+            budget = self.micro_batch_tokens()
             lines.append(
                 f"packed: up to {budget * accumulation * world:,} tokens per optimizer step ({budget:,} per "
                 f"micro-batch); rows per step = those tokens / your rows' mean length (the job prints it); "
