@@ -303,9 +303,10 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
     }
 
 
-def outside_allocator_bytes() -> int:
-    free, total = torch.cuda.mem_get_info()
-    return total - free - torch.cuda.memory_reserved()
+def outside_allocator_bytes(device=None) -> int:
+    """What the process holds on the GPU outside PyTorch's allocator: the CUDA context, kernels, workspaces."""
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free - torch.cuda.memory_reserved(device)
 
 
 def flops_per_token(checkpointing: bool, size: str = "20b", max_length: int = 2048) -> float:
@@ -612,9 +613,9 @@ def emulate_gpu_size(device: str, gb: float) -> None:
     """A smaller GPU on this one: PyTorch's allocator may hold `gb` less what the process already has outside it
     (the CUDA context), and raises OutOfMemoryError past that, as it would there (after freeing its cache)."""
     torch.zeros(1, device=device)  # create the context first: it counts against the GPU, not the allocator
-    free, total = torch.cuda.mem_get_info(device)
-    outside = total - free - torch.cuda.memory_reserved(device)
-    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (gb * 1e9 - outside) / total)), device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    limit = gb * 1e9 - outside_allocator_bytes(device)
+    torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, limit / total)), device)
 
 
 def main() -> None:
