@@ -628,7 +628,7 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="suffix of the result file, e.g. _experts")
     parser.add_argument("--gpu-memory-gb", type=float, default=0.0,
                         help=f"run as on a GPU of this many GB in all ({H100_80GB_GB}: an H100 80GB)")  # fmt: skip
-    parser.add_argument("--memory-peak", action="store_true", help="what is alive at the last step's peak, by origin")
+    parser.add_argument("--memory-peak", action="store_true", help="what is alive at the last step's peak, by size")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
