@@ -24,6 +24,9 @@ GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", 
 GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
+# How the entrypoint says why it failed, on its output (read by the local target when output/failure cannot be
+# written, e.g. on a full disk)
+FAILED_PREFIX = "[toolkit] FAILED: "
 
 
 def local_model_type(model_id: str) -> str | None:

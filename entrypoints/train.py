@@ -7,11 +7,15 @@ It follows SageMaker's container contract, with every root overridable so HyperP
   checkpoints  $TOOLKIT_CHECKPOINT_DIR or <root>/checkpoints (SageMaker syncs it with S3)
   failure      <root>/output/failure                        (why it failed; exit code 1)
 <root> is $TOOLKIT_ML_ROOT or /opt/ml. Under torchrun only rank 0 writes artifacts. A run resumes from
-the newest checkpoint present; SIGTERM saves a checkpoint and exits (spot interruption, preemption).
+the newest *complete* checkpoint (checkpoints.py: sealed after every file is on disk; incomplete ones are named,
+set aside and skipped); SIGTERM saves a checkpoint and exits (spot interruption, preemption). A run whose training
+finished is not trained again: a rerun finishes only what came after (the adapter, the merge), and a rerun of a
+completed run does nothing. The adapter and the merged model appear under their names only once whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,9 +33,13 @@ if __package__ in (None, ""):  # run as a script (SageMaker's source dir): impor
     __package__ = Path(__file__).resolve().parent.name  # "entrypoints" in a job, as installed elsewhere
     __import__(__package__)
 
-from .settings import HF_TOKEN_SECRET_ENV, TrainSettings, from_hyperparameters
+from . import checkpoints
+from .settings import FAILED_PREFIX, HF_TOKEN_SECRET_ENV, TrainSettings, from_hyperparameters
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
+# Tests only (tests/toolkit/targets/test_faults.py): kill the run's whole process tree with SIGKILL at the named
+# moment, to prove that what a kill leaves behind is complete or ignored. Unset in every job.
+FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,27 @@ class Paths:
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+def fault_point(moment: str) -> None:
+    """SIGKILL the run at this moment when a test asks for it: the launcher's whole process group when this runs
+    in a session of its own (the local target's), else only this process."""
+    if os.environ.get(FAULT_POINT_ENV) != moment or rank() != 0:
+        return
+    log(f"fault point {moment}: killing the run")
+    sys.stdout.flush()
+    if os.getsid(0) == os.getpgrp():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def with_fault_points(trainer_class: Any) -> Any:
+    class FaultInjected(trainer_class):
+        def _save_rng_state(self, *args, **kwargs):  # mid-save: model and optimizer written, trainer state not yet
+            fault_point(f"checkpoint-save-{self.state.global_step}")
+            return super()._save_rng_state(*args, **kwargs)
+
+    return FaultInjected
 
 
 def log(message: str) -> None:
@@ -173,7 +202,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
         data_seed=t.seed,
         save_strategy="steps" if t.save_steps else "no",
         save_steps=t.save_steps or 500,
-        save_total_limit=t.save_total_limit,
+        save_total_limit=None,  # retention counts complete checkpoints only: Sealed.on_save (checkpoints.prune)
         logging_steps=t.logging_steps,
         report_to=list(t.report_to) or "none",
         bf16=bf16,
@@ -187,7 +216,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
     )
 
 
-def callbacks():
+def callbacks(settings: TrainSettings):
     import torch
     from transformers import TrainerCallback
 
@@ -237,7 +266,34 @@ def callbacks():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             return bool(flag.item())
 
-    return [Metrics(), SaveOnSigterm()]
+    class Sealed(TrainerCallback):
+        """After each save: seal the checkpoint (it counts from now on), then apply the retention limit."""
+
+        def __init__(self, keep: int) -> None:
+            self.keep = keep
+
+        def on_save(self, args, state, control, **kwargs):
+            barrier()  # every rank's files (its RNG state, its shards) are written
+            fault_point(f"before-seal-{state.global_step}")
+            if state.is_world_process_zero:
+                checkpoints.seal(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+                for old in checkpoints.prune(Path(args.output_dir), self.keep):
+                    log(f"removed {old.name} (training.save_total_limit)")
+            barrier()
+
+    class FaultPoints(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            fault_point(f"step-{state.global_step + 1}")  # killed while that step runs
+
+    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit)]
+    return [*hooks, FaultPoints()] if os.environ.get(FAULT_POINT_ENV) else hooks
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def report_to_mlflow(settings: TrainSettings, paths: Paths):
@@ -290,10 +346,100 @@ def batch_semantics(settings: TrainSettings, rows: int, micro_batches: int) -> s
     )
 
 
-def latest_checkpoint(paths: Paths) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def resume_point(paths: Paths) -> Path | None:
+    """The newest complete checkpoint; newer incomplete or unreadable ones are named, set aside (renamed, not
+    deleted: a later save of their step must not write over them) and skipped."""
+    resume, skipped = checkpoints.newest_complete(paths.checkpoints)
+    for item in skipped:
+        log(f"skipping {paths.checkpoints / item.path.name}: {item.reason}")
+    if skipped and rank() == 0:  # other ranks scanning meanwhile skip a renamed one all the same
+        for moved in checkpoints.set_aside(skipped):
+            log(f"set aside as {moved} (delete it once you no longer need it)")
+    return resume
 
-    return get_last_checkpoint(str(paths.checkpoints)) if paths.checkpoints.is_dir() else None
+
+def already_completed(settings: TrainSettings, paths: Paths) -> bool:
+    """run.json is written last, after the adapter and the merge: present with these settings = nothing to do."""
+    record = paths.model_dir / "run.json"
+    try:
+        return json.loads(record.read_text())["settings"] == settings.model_dump(mode="json")
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def finished_training(checkpoint: Path | None) -> bool:
+    """Training ended at this checkpoint (transformers would train one step past max_steps when resumed here)."""
+    if checkpoint is None:
+        return False
+    step, total = checkpoints.completed_steps(checkpoint)
+    return total > 0 and step >= total
+
+
+def partial_dir(out: Path) -> Path:
+    """Where a directory is written before it appears under its name (a kill leaves only this behind)."""
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    return partial
+
+
+def publish(partial: Path, out: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+
+
+def write_whole(out: Path, write) -> None:
+    """Write a directory under a temporary name and rename it: `out` is either absent or complete."""
+    partial = partial_dir(out)
+    write(partial)
+    publish(partial, out)
+
+
+def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Path, data_stats: dict) -> int:
+    """Training finished before the last run ended (killed after the last step, during the adapter save or the
+    merge): write the adapter from the final checkpoint and merge, training nothing."""
+    step, _ = checkpoints.completed_steps(checkpoint)
+    log(f"training already finished at step {step} ({checkpoint.name}); writing the adapter and merge only")
+    if rank() != 0:
+        return 0
+    if not (checkpoint / "adapter_model.safetensors").exists():
+        raise RuntimeError(
+            f"{checkpoint} holds no whole adapter (sharded FSDP state): rerun with --fresh to train again"
+        )
+    from .model import load_tokenizer
+
+    tokenizer = load_tokenizer(settings.model)
+
+    def copy_adapter(out: Path) -> None:
+        out.mkdir(parents=True)
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(checkpoint / name, out / name)
+        tokenizer.save_pretrained(out)
+
+    adapter_dir = paths.model_dir / "adapter"
+    write_whole(adapter_dir, copy_adapter)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    summary = {
+        "settings": settings.model_dump(mode="json"),
+        "data": data_stats,
+        "global_step": step,
+        "train_loss": None,  # the Trainer's average over the run is not kept in checkpoints
+        "log_history": state.get("log_history", []),
+        "finished_from": checkpoint.name,
+    }
+    return write_outputs(settings, paths, tokenizer, summary)
+
+
+def write_outputs(settings: TrainSettings, paths: Paths, tokenizer, summary: dict) -> int:
+    """After the adapter: the merged model, then run.json (last: its presence says the run is complete)."""
+    adapter_dir = paths.model_dir / "adapter"
+    fault_point("before-merge")
+    if settings.training.merge_adapter:
+        write_whole(paths.model_dir / "merged", lambda out: merge(settings, adapter_dir, out, tokenizer))
+    (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
+    log(f"adapter: {adapter_dir}")
+    if settings.training.merge_adapter:
+        log(f"merged model: {paths.model_dir / 'merged'}")
+    return 0
 
 
 # The trainer (model, accelerator, DDP reducer) lives until the process ends with os._exit: once the process
@@ -309,14 +455,22 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from .model import add_lora, attention_implementation, compile_decoder_layers, load_model, load_tokenizer
 
     started = time.monotonic()
+    if already_completed(settings, paths):
+        log(f"this run is already complete ({paths.model_dir / 'run.json'}): nothing to train; --fresh starts over")
+        return 0
     tokenizer = load_tokenizer(settings.model)
     dataset, data_stats = load_dataset(settings, paths, tokenizer)
+    resume = resume_point(paths)
+    if finished_training(resume):
+        assert resume is not None
+        return finish_from_checkpoint(settings, paths, resume, data_stats)
     model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)
+    fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
     if use_compiled_layers(settings):
         log(f"compiling {compile_decoder_layers(model)} decoder layers (torch.compile; the first steps are slower)")
-    hooks = callbacks()
+    hooks = callbacks(settings)
     if settings.training.mlflow is not None:
         hooks.append(report_to_mlflow(settings, paths))
     trainer_class, extra = SFTTrainer, dict[str, Any]()
@@ -329,6 +483,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))
         fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
         trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
+    if os.environ.get(FAULT_POINT_ENV):
+        trainer_class = with_fault_points(trainer_class)
     trainer = trainer_class(
         model=model,
         args=sft_config(settings, paths),
@@ -339,10 +495,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
     KEEP_UNTIL_EXIT.append(trainer)
-    resume = latest_checkpoint(paths)
     if resume:
         log(f"resuming from {resume}")
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     peak_gb = peak_gpu_memory_gb()
     if peak_gb is not None:
         log(f"peak GPU memory: {peak_gb} GB (rank {rank()})")
@@ -358,11 +513,13 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     adapter_dir = paths.model_dir / "adapter"
     if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    trainer.save_model(str(adapter_dir))  # writes on rank 0 only
+    unfinished = partial_dir(adapter_dir) if rank() == 0 else adapter_dir
+    trainer.save_model(str(unfinished))  # writes on rank 0 only
     leave_process_group()
     if rank() != 0:
         return 0
-    tokenizer.save_pretrained(adapter_dir)
+    tokenizer.save_pretrained(unfinished)
+    publish(unfinished, adapter_dir)
     summary = {
         "settings": settings.model_dump(mode="json"),
         "data": data_stats,
@@ -372,14 +529,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         "seconds": round(time.monotonic() - started, 1),
         "peak_gpu_memory_gb": peak_gb,
     }
-    if settings.training.merge_adapter:
-        del trainer, model
-        merge(settings, adapter_dir, paths.model_dir / "merged", tokenizer)
-    (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
-    log(f"adapter: {adapter_dir}")
-    if settings.training.merge_adapter:
-        log(f"merged model: {paths.model_dir / 'merged'}")
-    return 0
+    del trainer, model
+    return write_outputs(settings, paths, tokenizer, summary)
 
 
 def peak_gpu_memory_gb() -> float | None:
@@ -426,9 +577,8 @@ def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> N
 
     base = load_model(settings.model, device_map="cpu")
     model = PeftModel.from_pretrained(base, str(adapter_dir))
-    if out.exists():
-        shutil.rmtree(out)
     save_merged(model, tokenizer, out)
+    fault_point("merge")  # written, not yet under its name
 
 
 def relaunch_under_torchrun() -> None:
@@ -476,12 +626,43 @@ def main() -> int:
         settings = read_settings(paths)
         return train(settings, paths)
     except Exception as exc:
-        reason = f"{type(exc).__name__}: {exc}"
+        reason = failure_reason(exc, paths)
         traceback.print_exc()
-        paths.failure.parent.mkdir(parents=True, exist_ok=True)
-        paths.failure.write_text(reason + "\n")
-        print(f"[toolkit] FAILED: {reason}", file=sys.stderr, flush=True)
+        try:  # what `toolkit jobs status` reads later; on a full disk the line below is all there is
+            paths.failure.parent.mkdir(parents=True, exist_ok=True)
+            paths.failure.write_text(reason + "\n")
+        except OSError:
+            pass
+        print(f"{FAILED_PREFIX}{reason}", file=sys.stderr, flush=True)
         return 1
+
+
+def failure_reason(exc: BaseException, paths: Paths) -> str:
+    """One line: a full disk says where and what to do (torch and safetensors wrap the OSError in their own)."""
+    full = out_of_space(exc, paths)
+    if full is None:
+        return f"{type(exc).__name__}: {exc}"
+    return (
+        f"out of disk space writing {full}: free space on that disk, or point the run at a larger one "
+        "(local.output_dir for a local run), then run the same command again: it resumes from the newest "
+        "complete checkpoint"
+    )
+
+
+def out_of_space(exc: BaseException, paths: Paths) -> str | None:
+    """The path whose write ran out of space, when that is what failed."""
+    import errno
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return str(seen.filename or paths.root)
+        seen = seen.__cause__ or seen.__context__
+    for where in (paths.checkpoints, paths.model_dir):
+        with contextlib.suppress(OSError):
+            if where.exists() and shutil.disk_usage(where).free < 16 * 2**20:  # wrapped beyond recognition
+                return str(where)
+    return None
 
 
 if __name__ == "__main__":

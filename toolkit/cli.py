@@ -238,13 +238,16 @@ def follow(job):
                     f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
                 )
                 raise typer.Exit(130) from None
-            progress.console.print("interrupted: asking the job to checkpoint and stop ...")
+            progress.console.print(
+                "interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)"
+            )
             job.stop()
             try:
                 state = job.wait(on_line)
-            except KeyboardInterrupt:
-                state = job.status()
-    err.print(f"{state.status.value}: {state.detail}. Run the same command again to resume.")
+            except KeyboardInterrupt:  # a second time: now, without the checkpoint
+                job.stop(now=True)
+                state = job.wait()
+    err.print(f"{state.status.value}: {state.detail}", highlight=False, markup=False)
     raise typer.Exit(130)
 
 

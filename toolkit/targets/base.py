@@ -62,8 +62,9 @@ class Job(ABC):
         """The job's log lines so far; with follow, new ones until it ends."""
 
     @abstractmethod
-    def stop(self) -> None:
-        """Ask the job to checkpoint and stop; `TargetError` when that cannot be done."""
+    def stop(self, now: bool = False) -> None:
+        """Ask the job to checkpoint and stop; `TargetError` when that cannot be done. now: end it at once, without
+        a checkpoint (a second Ctrl-C), where the target can; others stop as without it."""
 
     @abstractmethod
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:

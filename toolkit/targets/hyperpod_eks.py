@@ -235,7 +235,7 @@ class EksJob(Job):
                 yield f"[{name}] {line}"
             seen[name] = len(lines)
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:  # `now` is not offered: the pods' grace period applies
         """Delete the job (pods get SIGTERM: the entrypoint checkpoints) and its code ConfigMaps."""
         core, custom = _clients(self.config)
         group, version, plural = self._kind()

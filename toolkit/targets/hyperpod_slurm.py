@@ -168,7 +168,7 @@ class SlurmJob(Job):
         lines, self._offset = complete_lines(self.output, self._offset)
         yield from lines
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:  # `now` is not offered: Slurm's KillWait applies
         # SIGTERM now, SIGKILL after KillWait: the entrypoint checkpoints. scancel exits 0 even when it cancels
         # nothing (an unknown job id); only --verbose prints why
         cancelled = _run("scancel", "--verbose", self.name)

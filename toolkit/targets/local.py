@@ -2,12 +2,14 @@
 
 The output directory IS the job's /opt/ml root, so it keeps everything a SageMaker job would have:
   input/config/hyperparameters.json, input/data/train (a link to local data), checkpoints/,
-  model/{adapter,merged,run.json}, output/failure, output/train.log.
-Running the same config again resumes from its newest checkpoint, exactly like a spot restart.
+  model/{adapter,merged,run.json}, output/failure, output/train.log, and run.lock (jobtree: one writer per run,
+  held by the run's processes; it also says whether the run is alive).
+Running the same config again resumes from its newest complete checkpoint, exactly like a spot restart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,14 +18,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.entrypoints.settings import FAILED_PREFIX, to_hyperparameters
 from toolkit.resources import ENTRYPOINT
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
-from toolkit.targets.jobtree import place_train_channel, settings_file, write_settings
+from toolkit.targets.jobtree import (
+    RunBusy,
+    place_train_channel,
+    resume_hint,
+    run_holder,
+    settings_file,
+    take_run_lock,
+    write_settings,
+)
 
 
 def job_root(config: Config) -> Path:
@@ -42,30 +52,26 @@ def launch_command(config: Config) -> list[str]:
 
 @dataclass
 class LocalJob(Job):
-    """Started here (process set) or found again from another shell (its process group id in output/job.pid)."""
+    """Started here (process set) or found again from another shell (its run lock names its process group)."""
 
     name: str
     root: Path
     process: subprocess.Popen | None = None
     stop_requested: bool = False  # torchrun exits 1 on SIGTERM even when the workers checkpointed cleanly
+    killed: bool = False  # stopped at once (a second Ctrl-C): no checkpoint was written
+    notes: list[str] = field(default_factory=list)  # said first when following (a stale lock taken over)
+    last_error: str = ""  # the trainer's FAILED line, for when it could not write output/failure (disk full)
+    log_error: str = ""  # why train.log stopped being written
     stops_on_interrupt = True  # Ctrl-C checkpoints and stops a local run (rerun resumes)
 
     @property
     def log_path(self) -> Path:
         return self.root / "output" / "train.log"
 
-    @property
-    def pid_path(self) -> Path:
-        return self.root / "output" / "job.pid"
-
     def _running_elsewhere(self) -> int | None:
-        """The process group of a run started by another toolkit process, while it still runs."""
-        try:
-            pid = int(self.pid_path.read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return pid if ENTRYPOINT.name.encode() in cmdline or b"torch.distributed.run" in cmdline else None
+        """The process group of a run started by another toolkit process, while any of its processes lives."""
+        holder = run_holder(self.root)
+        return None if holder is None else int(holder.get("pid", 0)) or None
 
     def artifacts(self) -> dict[str, str]:
         found = {}
@@ -80,15 +86,29 @@ class LocalJob(Job):
         code = self.process.poll() if self.process else None
         if (self.process and code is None) or (not self.process and self._running_elsewhere()):
             return JobState(self.name, Status.RUNNING)
+        resume = resume_hint(self.root)
+        if self.killed:
+            return JobState(self.name, Status.STOPPED, f"stopped at once: no new checkpoint was written; {resume}")
         if failure.exists():
-            return JobState(self.name, Status.FAILED, failure.read_text().strip())
+            return JobState(self.name, Status.FAILED, f"{failure.read_text().strip()}; {resume}")
         if self.stop_requested or code == 143 or (self.root / "output" / "stopped").exists():
-            return JobState(self.name, Status.STOPPED, "stopped; run the same command again to resume")
+            return JobState(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
         if code not in (None, 0):
-            return JobState(self.name, Status.FAILED, f"exit code {code}; see {self.log_path}")
+            return JobState(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
         if (self.root / "model" / "run.json").exists():
             return JobState(self.name, Status.COMPLETED, artifacts=self.artifacts())
+        if settings_file(self.root).exists():  # started, and every process of it is gone without an outcome
+            return JobState(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
         return JobState(self.name, Status.PENDING)
+
+    def _why_it_ended(self, code: int | None) -> str:
+        if self.last_error:
+            return self.last_error
+        if code is not None and code < 0:
+            return f"killed by {signal.Signals(-code).name} (out of memory, kill -9?); see {self.log_path}"
+        if code is not None:
+            return f"exit code {code}; see {self.log_path}"
+        return f"its processes ended without an outcome (killed, or the machine went down); see {self.log_path}"
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         offset = [0]
@@ -99,17 +119,16 @@ class LocalJob(Job):
 
         return tail(new_lines, lambda: self.status().status.finished, follow, poll=1)
 
-    def stop(self) -> None:
-        """SIGTERM, as a spot interruption: the entrypoint checkpoints and exits."""
-        if self.process and self.process.poll() is None:
-            self.stop_requested = True
-            os.killpg(self.process.pid, signal.SIGTERM)
-            return
-        elsewhere = None if self.process else self._running_elsewhere()
-        if elsewhere is None:
+    def stop(self, now: bool = False) -> None:
+        """SIGTERM, as a spot interruption: the entrypoint checkpoints and exits. now: SIGKILL, no checkpoint."""
+        group = self.process.pid if self.process and self.process.poll() is None else None
+        if group is None and self.process is None:
+            group = self._running_elsewhere()
+        if group is None:
             raise TargetError(f"local job {self.name} is not running ({self.status().status.value})")
-        self.stop_requested = True
-        os.killpg(elsewhere, signal.SIGTERM)
+        self.stop_requested, self.killed = True, now
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL if now else signal.SIGTERM)
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 1) -> JobState:
         if self.process is None:  # found again: follow its log until it ends
@@ -119,15 +138,45 @@ class LocalJob(Job):
             while not self.status().status.finished:
                 time.sleep(poll_seconds)
             return self.status()
+        for note in self.notes:
+            if on_line:
+                on_line(note)
+        self.notes = []
         assert self.process.stdout
-        with self.log_path.open("a") as log:
+        log = self._open_log()
+        try:
             for line in self.process.stdout:
-                log.write(line)
-                log.flush()
+                if line.startswith(FAILED_PREFIX):
+                    self.last_error = line[len(FAILED_PREFIX) :].strip()
+                log = self._append(log, line)
                 if on_line:
                     on_line(line.rstrip("\n"))
-        self.process.wait()
+            self.process.wait()
+        finally:
+            if log:
+                log.close()
         return self.status()
+
+    def _open_log(self):
+        try:
+            return self.log_path.open("a")
+        except OSError as exc:
+            self.log_error = f"cannot write {self.log_path}: {exc.strerror}"
+            return None
+
+    def _append(self, log, line: str):
+        """Keep following when the log cannot be written (a full disk): the run's own outcome matters more."""
+        if log is None:
+            return None
+        try:
+            log.write(line)
+            log.flush()
+            return log
+        except OSError as exc:
+            self.log_error = f"stopped writing {self.log_path}: {exc.strerror}"
+            with contextlib.suppress(OSError):
+                log.close()
+            return None
 
 
 class LocalTarget(Target):
@@ -145,21 +194,34 @@ class LocalTarget(Target):
 
     def submit(self, config: Config, fresh: bool = False) -> LocalJob:
         root = job_root(config)
-        self._lay_out(config, root, fresh)
-        env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENTRYPOINT.parents[1]), env.get("PYTHONPATH")]))
-        process = subprocess.Popen(
-            launch_command(config),
-            cwd=root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # Ctrl-C reaches us, not the trainer: we stop it cleanly
-        )
-        (root / "output").mkdir(parents=True, exist_ok=True)
-        (root / "output" / "job.pid").write_text(str(process.pid))  # for `toolkit jobs` from another shell
-        return LocalJob(config.name, root, process)
+        try:  # before anything of the run is touched: a second writer would mix two runs in one directory
+            lock = take_run_lock(root)
+        except RunBusy as busy:
+            raise TargetError(_busy(config, root, busy.owner)) from None
+        try:
+            self._lay_out(config, root, fresh)
+            env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENTRYPOINT.parents[1]), env.get("PYTHONPATH")]))
+            process = subprocess.Popen(
+                launch_command(config),
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # Ctrl-C reaches us, not the trainer: we stop it cleanly
+                pass_fds=(lock.fd,),  # the run's processes hold the lock as long as they live
+            )
+            lock.record(pid=process.pid)  # its process group, for `toolkit jobs` from another shell
+        finally:
+            lock.release()
+        job = LocalJob(config.name, root, process)
+        if lock.previous and lock.previous.get("pid"):
+            job.notes.append(
+                f"[toolkit] the run's earlier process {lock.previous['pid']} ({lock.previous.get('started', '?')}) "
+                "is gone; its lock is taken over"
+            )
+        return job
 
     def attach(self, config: Config, job_name: str) -> LocalJob:
         root = job_root(config)
@@ -189,6 +251,15 @@ class LocalTarget(Target):
             (root / "output" / outcome).unlink(missing_ok=True)
         write_settings(config, root)
         place_train_channel(config.data.source, root, copy=False)
+
+
+def _busy(config: Config, root: Path, owner: dict) -> str:
+    who = f"process {owner.get('pid', '?')} on {owner.get('host', '?')} since {owner.get('started', '?')}"
+    return (
+        f"run {config.name} ({root}) is already being trained by {who}: follow it with "
+        f"`toolkit jobs logs {config.name} --follow -c CONFIG`, stop it with "
+        f"`toolkit jobs stop {config.name} -c CONFIG`, or set local.output_dir to train another copy"
+    )
 
 
 def _has_checkpoints(root: Path) -> bool:

@@ -160,7 +160,7 @@ class TrainingJob(Job):
                 message = event["message"]
                 yield message if host.startswith("algo-1") else f"[{host}] {message}"
 
-    def stop(self) -> None:
+    def stop(self, now: bool = False) -> None:  # SageMaker has no immediate stop: it always gives 120 s
         self._sagemaker().stop_training_job(TrainingJobName=self.name)
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:

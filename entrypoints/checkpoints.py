@@ -1,0 +1,124 @@
+"""Checkpoints that are complete or invisible, wherever they live (a local run, /opt/ml/checkpoints restored from
+S3, FSx on HyperPod).
+
+The Trainer writes `checkpoint-N/` in place, file by file, so a kill during a save leaves a directory that looks
+like the newest checkpoint and is not one. Here a checkpoint counts only once it is sealed: every file flushed to
+disk, then a record of each file's size written last (into a temporary name, renamed). Resume takes the newest
+checkpoint whose record matches what is on disk and names each one it skipped and why. Retention (the Trainer's
+`save_total_limit`) is done here too, counting only complete checkpoints: the Trainer's own rotation runs before
+a save is known to be complete and could delete the last good checkpoint for a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+SEAL = "toolkit-complete.json"  # written last; lists every file of the checkpoint with its size
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path.name}: {self.reason}"
+
+
+def step_of(path: Path) -> int | None:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
+
+
+def _files(checkpoint: Path) -> list[Path]:
+    return sorted(p for p in checkpoint.rglob("*") if p.is_file() and not p.name.startswith(SEAL))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal(checkpoint: Path) -> None:
+    """Flush every file of a finished save to disk, then record it (the record is what makes it a checkpoint)."""
+    files = _files(checkpoint)
+    for path in files:
+        _fsync(path)
+    record = {"files": {str(p.relative_to(checkpoint)): p.stat().st_size for p in files}}
+    temporary = checkpoint / f"{SEAL}.tmp"
+    temporary.write_text(json.dumps(record, indent=1))
+    _fsync(temporary)
+    temporary.replace(checkpoint / SEAL)
+    _fsync(checkpoint)
+
+
+def problem(checkpoint: Path) -> str | None:
+    """None for a complete checkpoint; otherwise what is wrong with it, naming the file."""
+    try:
+        record = json.loads((checkpoint / SEAL).read_text())["files"]
+    except FileNotFoundError:
+        return "its save did not finish (no completion record)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"its completion record {SEAL} is unreadable ({exc})"
+    for name, size in record.items():
+        try:
+            actual = (checkpoint / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes where {size} were written (truncated or overwritten)"
+    return None
+
+
+def _numbered(folder: Path) -> list[tuple[int, Path]]:
+    found = folder.iterdir() if folder.is_dir() else []
+    return sorted((step, path) for path in found if (step := step_of(path)) is not None)
+
+
+def newest_complete(folder: Path) -> tuple[Path | None, list[Skipped]]:
+    """The newest complete checkpoint under folder, and the newer ones skipped (with why)."""
+    skipped: list[Skipped] = []
+    for _, path in reversed(_numbered(folder)):
+        reason = problem(path)
+        if reason is None:
+            return path, skipped
+        skipped.append(Skipped(path, reason))
+    return None, skipped
+
+
+def set_aside(skipped: list[Skipped]) -> list[Path]:
+    """Move skipped checkpoints out of the Trainer's way (renamed, never deleted: the user decides): a later save
+    of the same step must write into an empty directory, not next to a stale record."""
+    moved = []
+    for item in skipped:
+        target, attempt = item.path.with_name(f"{item.path.name}.incomplete"), 1
+        while target.exists():
+            attempt += 1
+            target = item.path.with_name(f"{item.path.name}.incomplete-{attempt}")
+        item.path.rename(target)
+        moved.append(target)
+    return moved
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Delete complete checkpoints beyond the newest `keep` complete ones; incomplete ones are never counted."""
+    complete = [path for _, path in _numbered(folder) if problem(path) is None]
+    removed = complete[:-keep] if keep > 0 else []
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+def completed_steps(checkpoint: Path) -> tuple[int, int]:
+    """(global_step, max_steps) a checkpoint's trainer state records: equal once training has finished."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return int(state["global_step"]), int(state["max_steps"])

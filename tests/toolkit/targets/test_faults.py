@@ -1,0 +1,223 @@
+"""A run survives every interruption: the real training process tree is killed with SIGKILL at named moments
+(the entrypoint's test-only fault points, `TOOLKIT_FAULT_POINT`), and the same `toolkit train` command run again
+ends with the adapter of an uninterrupted run, or refuses with one line that says how to go on.
+
+Nothing is mocked: real training of the tiny gpt-oss through the CLI and the local target, real SIGKILLs, a real
+size-limited filesystem (tmpfs) for the full disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolkit.cli import app
+from toolkit.targets.jobtree import run_holder
+
+pytestmark = pytest.mark.integration
+
+STEPS = ["--set", "training.max_steps=4", "--set", "training.save_steps=2"]
+# Resume is exact (same data order, RNG states restored): measured max |difference| 0.0 on this machine
+TOLERANCE = 0.0
+
+
+def train(root: Path, *extra: str, fault: str | None = None):
+    env = {"TOOLKIT_FAULT_POINT": fault} if fault else {}
+    args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *STEPS, *extra]
+    old = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        return CliRunner().invoke(app, args)
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def adapter_tensors(root: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(root / "model" / "adapter" / "adapter_model.safetensors")
+
+
+def assert_same_adapter(root: Path, baseline: Path) -> None:
+    run = json.loads((root / "model" / "run.json").read_text())
+    assert run["global_step"] == 4
+    ours, theirs = adapter_tensors(root), adapter_tensors(baseline)
+    assert ours.keys() == theirs.keys()
+    worst = max(float((ours[k].float() - theirs[k].float()).abs().max()) for k in ours)
+    assert worst <= TOLERANCE, worst
+    assert (root / "model" / "merged" / "config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("faults") / "uninterrupted"
+    result = train(root)
+    assert result.exit_code == 0, result.output
+    return root
+
+
+def test_killed_at_every_moment_the_same_command_ends_with_the_uninterrupted_adapter(tmp_path, baseline):
+    root = tmp_path / "run"
+    chain = [
+        ("model-loaded", None),  # nothing written yet: starts from the beginning
+        ("step-3", "checkpoint-2"),  # mid-step: checkpoint-2 is complete
+        ("checkpoint-save-4", "checkpoint-2"),  # inside the save: model and optimizer written, the rest not
+        ("before-seal-4", "checkpoint-2"),  # every file written, the completion record not
+        ("before-merge", "checkpoint-4"),  # trained and the adapter written; the merge not started
+        ("merge", "checkpoint-4"),  # the merged model written, not yet under its name
+    ]
+    for moment, resumable in chain:
+        result = train(root, fault=moment)
+        assert result.exit_code == 1, (moment, result.output)
+        assert "Traceback" not in result.output
+        assert f"fault point {moment}" in result.output
+        hint = f"resumes from {resumable}" if resumable else "starts from the beginning"
+        assert hint in result.output.splitlines()[-1], (moment, result.output[-600:])
+        assert run_holder(root) is None  # nothing of the run is alive
+        assert not (root / "model" / "run.json").exists()
+        assert not (root / "model" / "merged").exists()  # a whole merged model, or none
+    result = train(root)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "training already finished at step 4 (checkpoint-4)" in out and "[metrics]" not in out
+    assert_same_adapter(root, baseline)
+    # what the kills left is named and kept apart, never resumed from and never deleted
+    aside = sorted(p.name for p in (root / "checkpoints").iterdir() if "incomplete" in p.name)
+    assert aside == ["checkpoint-4.incomplete", "checkpoint-4.incomplete-2"]
+
+    again = train(root)  # a finished run is finished: nothing trained, nothing rewritten
+    assert again.exit_code == 0 and "already complete" in again.output and "[metrics]" not in again.output
+    assert_same_adapter(root, baseline)
+
+
+def test_a_run_killed_without_a_trace_is_reported_failed_with_where_it_resumes(tmp_path):
+    from toolkit import job
+    from toolkit.config import load_config
+
+    root = tmp_path / "run"
+    assert train(root, fault="step-3").exit_code == 1
+    (root / "output" / "train.log").unlink()  # as if the CLI had died with the trainer
+    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}"])
+    state = job(config, config.name).status()  # from another shell: no process handle
+    assert state.status.value == "Failed"
+    assert "ended without an outcome" in state.detail and "resumes from checkpoint-2" in state.detail
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline):
+    root = tmp_path / "run"
+    shutil.copytree(baseline, root, symlinks=True)
+    shutil.rmtree(root / "model")
+    weights = root / "checkpoints" / "checkpoint-4" / "optimizer.pt"
+    with weights.open("r+b") as handle:
+        handle.truncate(weights.stat().st_size // 2)
+    result = train(root)
+    assert result.exit_code == 0, result.output
+    assert "skipping" in result.output and "checkpoint-4: optimizer.pt has" in result.output.replace(
+        f"{root / 'checkpoints'}/", ""
+    )
+    assert f"resuming from {root / 'checkpoints' / 'checkpoint-2'}" in result.output
+    assert_same_adapter(root, baseline)
+    assert (root / "checkpoints" / "checkpoint-4.incomplete" / "optimizer.pt").exists()  # kept for the user
+
+
+def _cli(root: Path, *extra: str) -> subprocess.Popen:
+    args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *extra]
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, CI="1"),
+    )
+
+
+def _wait_for(process: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
+    assert process.stdout
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in process.stdout:
+        seen.append(line)
+        if text in line or time.monotonic() > deadline:
+            break
+    return seen
+
+
+def test_a_second_run_of_the_same_name_refuses_while_the_first_runs(tmp_path):
+    root = tmp_path / "run"
+    first = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0")
+    try:
+        _wait_for(first, "[metrics] step=1/")
+        holder = run_holder(root)
+        assert holder and holder["pid"]
+        second = train(root)
+        assert second.exit_code == 2, second.output
+        line = second.output.strip().splitlines()[-1]
+        assert f"is already being trained by process {holder['pid']}" in line
+        assert "toolkit jobs stop" in line and "Traceback" not in second.output
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    deadline = time.monotonic() + 30
+    while run_holder(root) is not None and time.monotonic() < deadline:  # the trainer outlives its CLI: kill it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(holder["pid"]), signal.SIGKILL)
+        time.sleep(0.2)
+    assert run_holder(root) is None
+    result = train(root)  # the lock of a run that is gone is taken over, and said so
+    assert result.exit_code == 0, result.output
+    assert "is gone; its lock is taken over" in result.output
+
+
+def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_path):
+    root = tmp_path / "run"
+    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=2")
+    _wait_for(cli, "[metrics] step=3/")
+    cli.send_signal(signal.SIGINT)
+    seen = _wait_for(cli, "interrupt again to stop at once")
+    cli.send_signal(signal.SIGINT)
+    rest, _ = cli.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert cli.returncode == 130, output
+    assert output.count("stopped at once: no new checkpoint was written") == 1, output
+    assert "the next run of the same command resumes from checkpoint-2" in output
+    assert "Traceback" not in output
+    assert run_holder(root) is None  # no process of the run is left
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem with room for the inputs and one checkpoint, not for the second (tmpfs, as root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_full_disk_fails_in_one_line_and_the_run_resumes_once_there_is_room(small_disk, baseline):
+    root = small_disk / "run"
+    result = train(root)
+    assert result.exit_code == 1, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "out of disk space writing" in last and "local.output_dir" in last, result.output[-2000:]
+    assert "Traceback" not in result.output.split("[toolkit] FAILED")[-1]
+    subprocess.run(["mount", "-o", "remount,size=400m", str(small_disk)], check=True)
+    result = train(root)
+    assert result.exit_code == 0, result.output
+    assert_same_adapter(root, baseline)
