@@ -4,9 +4,11 @@ SageMaker stops a job (StopTrainingJob, a spot interruption, max run time) with 
 The SDK's own PID 1 is `bash -c "... sm_train.sh"`, which neither forwards the signal nor dies of it (the kernel
 shields PID 1 from signals it has no handler for), so torchrun and the ranks never hear it and the entrypoint's
 checkpoint-on-SIGTERM never runs. This process runs the same command in a process group of its own, forwards
-SIGTERM/SIGINT to that whole group (torchrun and every rank), waits for every process it inherits (when PID 1
-exits, the kernel kills whatever is left, mid-checkpoint), and exits with the command's status (128 + signal
-when a signal ended it).
+SIGTERM/SIGINT to the ranks (every process of that group started by torchrun: LOCAL_RANK in its environment; the
+whole group when there are none), waits for every process it inherits (when PID 1 exits, the kernel kills
+whatever is left, mid-checkpoint), and exits with the command's status (128 + signal when a signal ended it).
+The ranks alone, not torchrun: torchrun before 2.12 SIGKILLs its ranks 30 s after it is signalled, whatever its
+settings, and a save can take longer than that; SageMaker's own window is 120 s (settings.STOP_WINDOW_SECONDS).
 
 Usage (the job's ContainerEntrypoint/ContainerArguments): python3 pid1.py COMMAND [ARG ...]
 """
@@ -27,9 +29,15 @@ def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv, start_new_session=True)
 
     def forward(signum: int, _frame: object) -> None:
-        print(f"[toolkit] pid1: passing signal {signum} to the job's processes", file=sys.stderr, flush=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signum)
+        ranks = ranks_in_group(child.pid)
+        where = f"the ranks {ranks}" if ranks else "the job's processes"
+        print(f"[toolkit] pid1: passing signal {signum} to {where}", file=sys.stderr, flush=True)
+        for rank in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signum)
+        if not ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
 
     for stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(stop, forward)
@@ -40,6 +48,24 @@ def main(argv: list[str]) -> int:
         while True:
             os.waitpid(-1, 0)
     return code if code >= 0 else 128 - code
+
+
+def ranks_in_group(group: int) -> list[int]:
+    """The processes of the job's group that a launcher started as ranks (LOCAL_RANK set in their environment)."""
+    ranks = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != group:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environment = handle.read().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if any(item.startswith(b"LOCAL_RANK=") for item in environment):
+            ranks.append(int(entry))
+    return sorted(ranks)
 
 
 if __name__ == "__main__":

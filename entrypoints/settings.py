@@ -27,6 +27,16 @@ HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 # How the entrypoint says why it failed, on its output (read by the local target when output/failure cannot be
 # written, e.g. on a full disk)
 FAILED_PREFIX = "[toolkit] FAILED: "
+# The stop window: how long a stopped job's ranks have to checkpoint between SIGTERM and SIGKILL. SageMaker gives
+# 120 s on StopTrainingJob and on a spot interruption (fixed); the toolkit gives the same wherever it decides: the
+# EKS pod's terminationGracePeriodSeconds, and the launchers' own kill timers inside it (torchrun's
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT, torch >= 2.12; hyperpodrun's --shutdown-timeout, whose default signal is SIGKILL
+# after 15 s), a little shorter so that the launcher exits before the pod is killed. Slurm's is the cluster's
+# KillWait. torchrun before 2.12 kills ranks 30 s after a SIGTERM to itself: on SageMaker, pid1.py therefore
+# signals the ranks alone.
+STOP_WINDOW_SECONDS = 120
+RANK_SHUTDOWN_SECONDS = STOP_WINDOW_SECONDS - 15
+TORCHRUN_SHUTDOWN_ENV = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_SHUTDOWN_SECONDS)}
 
 
 def local_model_type(model_id: str) -> str | None:

@@ -34,12 +34,19 @@ if __package__ in (None, ""):  # run as a script (SageMaker's source dir): impor
     __import__(__package__)
 
 from . import checkpoints
-from .settings import FAILED_PREFIX, HF_TOKEN_SECRET_ENV, TrainSettings, from_hyperparameters
+from .settings import (
+    FAILED_PREFIX,
+    HF_TOKEN_SECRET_ENV,
+    TORCHRUN_SHUTDOWN_ENV,
+    TrainSettings,
+    from_hyperparameters,
+)
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 # Tests only (tests/toolkit/targets/test_faults.py): kill the run's whole process tree with SIGKILL at the named
 # moment, to prove that what a kill leaves behind is complete or ignored. Unset in every job.
 FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
+SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # tests only: a checkpoint save that takes this much longer
 
 
 @dataclass(frozen=True)
@@ -276,6 +283,7 @@ def callbacks(settings: TrainSettings):
             barrier()  # every rank's files (its RNG state, its shards) are written
             fault_point(f"before-seal-{state.global_step}")
             if state.is_world_process_zero:
+                time.sleep(float(os.environ.get(SLOW_SAVE_ENV, 0)))
                 checkpoints.seal(Path(args.output_dir) / f"checkpoint-{state.global_step}")
                 for old in checkpoints.prune(Path(args.output_dir), self.keep):
                     log(f"removed {old.name} (training.save_total_limit)")
@@ -597,6 +605,7 @@ def relaunch_under_torchrun() -> None:
         f"--master-addr={hosts[0] if hosts else '127.0.0.1'}", "--master-port=29500",
         str(Path(__file__).resolve()),
     ]  # fmt: skip
+    os.environ.update(TORCHRUN_SHUTDOWN_ENV)  # the ranks' stop window (settings.STOP_WINDOW_SECONDS)
     os.execv(sys.executable, command)
 
 

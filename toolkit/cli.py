@@ -531,6 +531,8 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
     server = None
     try:
         server = sdk.serve_local(cfg, model_dir, port)
+        for note in server.notes:
+            err.print(note, highlight=False, markup=False)
         with status("starting vLLM ...") as update:
             server.wait_ready(on_status=lambda line: update(f"starting vLLM: {line[-120:]}"))
     except KeyboardInterrupt:
@@ -546,7 +548,8 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
         server.stop()
         out.print("stopped")
         return
-    fail(f"the server exited with {code}:\n{server.log_tail()}", code=1)
+    server.stop()  # the API server died: end its engine and workers too
+    fail(f"the server exited with {code}; its log ends:\n{server.log_tail()}", code=1)
 
 
 @app.command("invoke")

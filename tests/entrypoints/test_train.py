@@ -197,6 +197,27 @@ def _sigterm_at_step_2(launcher: subprocess.Popen, pid1: int) -> None:
             return
 
 
+def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path):
+    """SageMaker's tree with torchrun (two ranks, as on a multi-GPU instance) and a checkpoint save that takes 40 s
+    (a test-only delay before the seal): SIGTERM to PID 1 reaches the ranks, not torchrun, whose own timer (30 s
+    before torch 2.12) would kill them mid-save; the checkpoint is complete. SageMaker's window is 120 s."""
+    from toolkit.entrypoints import checkpoints
+    from toolkit.entrypoints.settings import STOP_WINDOW_SECONDS
+
+    root = lay_out(tmp_path, ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"])
+    os.environ.update(SM_NUM_GPUS="2", TOOLKIT_TEST_SLOW_SAVE_SECONDS="40")
+    try:
+        launcher, pid1 = _train_as_sagemaker_runs_it(root, relay=True)
+    finally:
+        del os.environ["SM_NUM_GPUS"], os.environ["TOOLKIT_TEST_SLOW_SAVE_SECONDS"]
+    _sigterm_at_step_2(launcher, pid1)
+    output = launcher.communicate(timeout=STOP_WINDOW_SECONDS + 60)[0]
+    assert "pid1: passing signal 15 to the ranks [" in output, output[-3000:]
+    assert "stopped by SIGTERM" in output, output[-3000:]
+    saved = list((root / "checkpoints").glob("checkpoint-*"))
+    assert len(saved) == 1 and checkpoints.problem(saved[0]) is None, output[-3000:]
+
+
 def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
     """StopTrainingJob / a spot interruption: SIGTERM to the container's PID 1. Under the SDK's bare `bash -c` the
     ranks never hear it and no checkpoint is written; under entrypoints/pid1.py the entrypoint checkpoints and exits

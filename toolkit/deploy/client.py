@@ -6,6 +6,7 @@ vLLM's gpt-oss reasoning parser returns the analysis channel apart from the fina
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import time
@@ -169,8 +170,17 @@ class ChatClient:
                 return json.loads(response.read())
 
         def send_streaming(body: dict) -> Iterator[bytes]:
+            received = 0
             with post(body) as response:
-                yield from iter(lambda: response.read1(4096), b"")
+                try:
+                    for chunk in iter(lambda: response.read1(4096), b""):
+                        received += len(chunk)
+                        yield chunk
+                except (http.client.HTTPException, OSError) as exc:  # the server went away mid-reply
+                    raise DeployError(
+                        f"the reply from {route} broke off after {received} bytes ({type(exc).__name__}): the "
+                        "server stopped or crashed; check that it still runs (its log) and ask again"
+                    ) from None
 
         return cls(send, send_streaming, model)
 

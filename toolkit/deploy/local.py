@@ -80,8 +80,32 @@ def _has_gpu(python: str) -> bool:
     return probe.stdout.strip() == b"True"
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM when the toolkit process that started it dies (kill -9
+    included), so no vLLM is left serving or holding memory for nobody. Linux only; elsewhere a no-op."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class LocalServer:
-    """One vLLM server process: start(), wait_ready(), stop(). Also a context manager."""
+    """One vLLM server process group: start(), wait_ready(), stop(). Also a context manager.
+
+    Every way it ends leaves no vLLM process: stop() ends the whole group (vLLM's engine and workers too) whether
+    or not the API server is still alive; the server dies with the toolkit process that started it; and start()
+    ends a server an earlier toolkit process started for this config and could not stop (its group in serve.pid).
+    """
 
     def __init__(self, config: Config, model: Path, port: int | None = None, log: Path | None = None) -> None:
         self.config = config
@@ -90,6 +114,11 @@ class LocalServer:
         self.log = log or Path("runs") / config.name / "serve.log"
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
+        self.notes: list[str] = []  # what start() did besides starting (a stale server ended)
+
+    @property
+    def record(self) -> Path:
+        return self.log.with_name("serve.pid")
 
     def plan(self, python: str | None = None) -> dict:
         """What start() runs: the command, the serving settings (beyond this environment) and where it logs."""
@@ -113,18 +142,42 @@ class LocalServer:
     def start(self) -> LocalServer:
         plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._end_stale()
         with open(self.log, "wb") as log:  # the child keeps its own handle
             self.process = subprocess.Popen(
                 plan["command"], env={**os.environ, **plan["environment"]}, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the whole server group
+                preexec_fn=_die_with_parent,
             )  # fmt: skip
+        self.record.write_text(str(self.process.pid))
         return self
+
+    def _end_stale(self) -> None:
+        try:
+            group = int(self.record.read_text())
+        except (OSError, ValueError):
+            return
+        if _group_alive(group):
+            self.notes.append(f"ended the vLLM server (process group {group}) an earlier run left behind")
+            self._end_group(group)
+        self.record.unlink(missing_ok=True)
+
+    @staticmethod
+    def _end_group(group: int, grace: float = 10) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
 
     def wait_ready(self, timeout: float = 600, on_status: Callable[[str], None] | None = None) -> None:
         deadline = time.monotonic() + timeout
         while not ping(self.url):
             assert self.process is not None
             if self.process.poll() is not None:
+                self.stop()
                 raise DeployError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -139,17 +192,20 @@ class LocalServer:
         return ""
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """End the server and everything it started, also when the API server itself has already died (its
+        engine and workers would otherwise run on as orphans)."""
+        if self.process is None:
             return
-        # SIGTERM to the API server alone: it shuts its engine down itself (~3 s). Signalling the whole group killed
-        # the engine first and always logged an EngineDeadError; vLLM 0.32 still logs one now and then on its own.
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):  # whatever is left of the group (a stuck engine process)
-            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process.poll() is None:
+            # SIGTERM to the API server alone: it shuts its engine down itself (~3 s). Signalling the whole group
+            # killed the engine first and always logged an EngineDeadError; vLLM 0.32 still logs one now and then.
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=30)
+        self._end_group(self.process.pid, grace=5)  # whatever is left of the group (engine, workers)
         self.process.wait()
+        self.record.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalServer:
         return self.start()

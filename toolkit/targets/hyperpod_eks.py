@@ -23,7 +23,12 @@ import yaml
 from toolkit.aws import UPLOAD_MARKER
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.entrypoints.settings import (
+    RANK_SHUTDOWN_SECONDS,
+    STOP_WINDOW_SECONDS,
+    TORCHRUN_SHUTDOWN_ENV,
+    to_hyperparameters,
+)
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 
@@ -81,7 +86,11 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         "name": "pytorch",
         "image": hp.image,
         "command": ["bash", "-c", setup],
-        "env": [{"name": "TOOLKIT_ML_ROOT", "value": str(root)}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": [
+            {"name": "TOOLKIT_ML_ROOT", "value": str(root)},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            *({"name": k, "value": v} for k, v in TORCHRUN_SHUTDOWN_ENV.items()),
+        ],
         "resources": {"requests": resources, "limits": resources},
         "volumeMounts": [
             {"name": "fsx", "mountPath": hp.fsx.mount_path},
@@ -96,6 +105,7 @@ def _pod_template(config: Config, launcher: list[str], code_map: str, fresh_toke
     return {
         "metadata": {"labels": {"app.kubernetes.io/name": config.name}},
         "spec": {
+            "terminationGracePeriodSeconds": STOP_WINDOW_SECONDS,  # the stop window (settings.py)
             "nodeSelector": {"node.kubernetes.io/instance-type": hp.instance_type},
             "containers": [_container(config, launcher, fresh_token)],
             "volumes": [
@@ -140,7 +150,13 @@ def manifests(config: Config, fresh_token: str | None = None) -> list[dict[str, 
                         "replicas": hp.nodes,
                         "template": _pod_template(
                             config,
-                            ["hyperpodrun", f"--nnodes={hp.nodes}", f"--nproc-per-node={procs}"],
+                            [
+                                "hyperpodrun",
+                                f"--nnodes={hp.nodes}",
+                                f"--nproc-per-node={procs}",
+                                "--shutdown-signal=SIGTERM",
+                                f"--shutdown-timeout={RANK_SHUTDOWN_SECONDS}",
+                            ],
                             code_map,
                             fresh_token,
                         ),

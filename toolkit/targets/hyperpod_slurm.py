@@ -20,6 +20,7 @@ from pathlib import Path
 
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.entrypoints.settings import TORCHRUN_SHUTDOWN_ENV
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
@@ -103,6 +104,7 @@ def sbatch_script(config: Config, auto_resume: bool | None = None) -> str:
         )
         python = "python"
     lines += ["set -euo pipefail", f"export TOOLKIT_ML_ROOT={shlex.quote(str(root))}", "export PYTHONUNBUFFERED=1"]
+    lines += [f"export {name}={value}" for name, value in TORCHRUN_SHUTDOWN_ENV.items()]  # the stop window
     if hp.gpus_per_node and instance(hp.instance_type, "hyperpod.instance_type").efa:
         lines += [f"export {name}={shlex.quote(value)}" for name, value in EFA_ENVIRONMENT.items()]
     if hp.install:

@@ -218,8 +218,17 @@ class TrainingJobTarget(Target):
         return json.dumps(request, indent=2, default=str)
 
     def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
-        """Every submission is a new job whose checkpoints live under its own name, so it always starts fresh
-        (`fresh` holds by construction); a spot interruption resumes within the job from those checkpoints."""
+        """Every submission is a new job whose checkpoints live under its own name, so it always starts fresh; a
+        spot interruption resumes within the job from those checkpoints. While a job of this config runs, a
+        submission refuses (a re-run after a submit that went through would start a second one) unless `fresh`
+        asks for another job explicitly."""
+        running = None if fresh else self.running(config)
+        if running:
+            raise TargetError(
+                f"training job {running} of config {config.name} is still running: follow it with `toolkit jobs "
+                f"logs {running} --follow -c CONFIG`, stop it with `toolkit jobs stop {running} -c CONFIG`, or pass "
+                "--fresh to start another job beside it"
+            )
         trainer, boto_session = self._trainer(config, dry_run=False)
         try:
             with _signal_relay_as_pid1():
@@ -248,6 +257,15 @@ class TrainingJobTarget(Target):
         client = aws.client(config.aws, "sagemaker")
         jobs = client.list_training_jobs(SortBy="CreationTime", SortOrder="Descending", MaxResults=limit)
         return jobs["TrainingJobSummaries"]
+
+    def running(self, config: Config) -> str | None:
+        """The newest job of this config that is in progress (jobs are named `<config name>-<time>`)."""
+        client = aws.client(config.aws, "sagemaker")
+        jobs = client.list_training_jobs(
+            NameContains=config.name, StatusEquals="InProgress", SortBy="CreationTime", SortOrder="Descending"
+        )["TrainingJobSummaries"]
+        mine = [job["TrainingJobName"] for job in jobs if job["TrainingJobName"].startswith(f"{config.name}-")]
+        return mine[0] if mine else None
 
     def latest_completed(self, config: Config) -> JobState | None:
         """The newest completed job of this config: what `toolkit deploy` serves by default."""

@@ -373,3 +373,81 @@ def test_a_merge_with_packed_mxfp4_experts_is_served_as_mxfp4(tmp_path):
         status, reply = post(running.url + "/invocations", chat_body(cfg.name))
         assert status == 200 and reply["usage"]["completion_tokens"] > 0
     assert "quantization=gpt_oss_mxfp4" in (tmp_path / "serve.log").read_text()
+
+
+def _deploy_cli(model, port: int, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "deploy", "tiny-gpt-oss-local", "--target", "local",
+         "--model-dir", str(model), "--port", str(port)],
+        cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _gone(group: int, within: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp_path):
+    """Every way a local server ends leaves no vLLM process: the CLI killed with SIGKILL (the server dies with
+    it), the API server killed mid-stream (the CLI ends its engine and workers, the client says in one line that
+    the reply broke off), and a server an earlier run left behind (ended by the next start)."""
+    import signal
+    import subprocess
+    import threading
+
+    from toolkit.deploy.client import wait_for
+
+    _, model = trained
+    record = tmp_path / "runs" / "tiny-gpt-oss-local" / "serve.pid"
+    port = free_port()
+    first = _deploy_cli(model, port, tmp_path)
+    wait_for(f"http://127.0.0.1:{port}", 600)
+    group = int(record.read_text())
+    first.kill()  # SIGKILL: the CLI can do nothing; the server must end by itself
+    first.communicate()
+    assert _gone(group, within=60), "vLLM outlived the CLI that started it"
+
+    stale = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a server left running
+    record.write_text(str(stale.pid))
+    second = _deploy_cli(model, port, tmp_path)
+    wait_for(f"http://127.0.0.1:{port}", 600)
+    assert stale.wait(timeout=30) is not None
+    group = int(record.read_text())
+
+    broke: list[BaseException] = []
+
+    def stream() -> None:
+        client = ChatClient.for_url(f"http://127.0.0.1:{port}", "tiny-gpt-oss-local")
+        # the client's own streaming path, with vLLM's ignore_eos so that the reply is still flowing at the kill
+        body = {**client._body(QUESTION, 800, 1.0, stream=True), "ignore_eos": True, "min_tokens": 800}
+        try:
+            for _ in deltas_from(client._send_streaming(body)):
+                pass
+        except DeployError as exc:
+            broke.append(exc)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    import time
+
+    time.sleep(3)  # tokens are flowing
+    os.kill(group, signal.SIGKILL)  # the API server alone, mid-stream
+    reader.join(timeout=60)
+    output, _ = second.communicate(timeout=120)
+    assert "ended the vLLM server (process group" in output, output
+    assert second.returncode == 1 and "the server exited with -9" in output, output
+    assert "Traceback" not in output
+    assert _gone(group, within=30), "vLLM's engine outlived its API server"
+    assert broke and "broke off after" in str(broke[0]) and "ask again" in str(broke[0]), broke

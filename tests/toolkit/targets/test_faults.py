@@ -146,6 +146,14 @@ def _cli(root: Path, *extra: str) -> subprocess.Popen:
     )
 
 
+def _wait_for_log(root: Path, text: str, timeout: float = 300) -> None:
+    """The run's train.log has the text (the CLI draws a progress bar, not the log lines, without a terminal)."""
+    log, deadline = root / "output" / "train.log", time.monotonic() + timeout
+    while not (log.exists() and text in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"no {text!r} in {log} within {timeout} s"
+        time.sleep(0.2)
+
+
 def _wait_for(process: subprocess.Popen, text: str, timeout: float = 300) -> list[str]:
     assert process.stdout
     seen: list[str] = []
@@ -161,7 +169,7 @@ def test_a_second_run_of_the_same_name_refuses_while_the_first_runs(tmp_path):
     root = tmp_path / "run"
     first = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0")
     try:
-        _wait_for(first, "[metrics] step=1/")
+        _wait_for_log(root, "[metrics] step=1/")
         holder = run_holder(root)
         assert holder and holder["pid"]
         second = train(root)
@@ -186,7 +194,7 @@ def test_a_second_run_of_the_same_name_refuses_while_the_first_runs(tmp_path):
 def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_path):
     root = tmp_path / "run"
     cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=2")
-    _wait_for(cli, "[metrics] step=3/")
+    _wait_for_log(root, "[metrics] step=3/")
     cli.send_signal(signal.SIGINT)
     seen = _wait_for(cli, "interrupt again to stop at once")
     cli.send_signal(signal.SIGINT)

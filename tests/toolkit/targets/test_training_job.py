@@ -368,3 +368,24 @@ def test_data_prepared_to_s3_becomes_the_jobs_train_channel(aws_env, tmp_path):
     request = json.loads(TARGET.render(config(aws_env, f"data.source={uri}")))
     train = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "train")
     assert train["DataSource"]["S3DataSource"]["S3Uri"] == uri
+
+
+def test_a_second_submit_while_a_job_of_the_config_runs_refuses_unless_fresh(aws_env):
+    cfg = config(aws_env)
+    first = TARGET.submit(cfg)
+    backend_job(first.name).training_job_status = "InProgress"
+    with pytest.raises(TargetError, match=f"training job {first.name} of config .* is still running.*--fresh"):
+        TARGET.submit(cfg)
+    result = CliRunner().invoke(app, ["train", "gpt-oss-20b-lora", "--target", "training-job",
+                                      *[a for o in cfg_overrides(aws_env) for a in ("--set", o)]])  # fmt: skip
+    assert result.exit_code == 2 and "is still running" in result.output, result.output
+    second = TARGET.submit(cfg, fresh=True)  # asked for explicitly: another job beside it
+    assert second.name != first.name
+    backend_job(first.name).training_job_status = "Completed"
+    backend_job(second.name).training_job_status = "Completed"
+    assert TARGET.submit(cfg).name not in (first.name, second.name)  # nothing runs: a new job as before
+
+
+def cfg_overrides(aws_env) -> list[str]:
+    return [f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}", f"data.source={DATA}",
+            "data.format=messages"]  # fmt: skip
