@@ -637,13 +637,21 @@ def main() -> int:
     except Exception as exc:
         reason = failure_reason(exc, paths)
         traceback.print_exc()
-        try:  # what `toolkit jobs status` reads later; on a full disk the line below is all there is
-            paths.failure.parent.mkdir(parents=True, exist_ok=True)
-            paths.failure.write_text(reason + "\n")
-        except OSError:
-            pass
+        record_failure(paths, reason)
         print(f"{FAILED_PREFIX}{reason}", file=sys.stderr, flush=True)
         return 1
+
+
+def record_failure(paths: Paths, reason: str) -> None:
+    """What `toolkit jobs status` reads later: whole or absent (on a full disk the FAILED line is all there is)."""
+    partial = paths.failure.with_name("failure.partial")
+    try:
+        paths.failure.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(reason + "\n")
+        partial.replace(paths.failure)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink()
 
 
 def failure_reason(exc: BaseException, paths: Paths) -> str:

@@ -121,6 +121,16 @@ def sbatch_script(config: Config, auto_resume: bool | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _live_job_of(config: Config) -> tuple[str, str] | None:
+    """(job id, state) of a pending or running job of this run (jobs are named after their config)."""
+    listed = _run("squeue", "--noheader", f"--name={config.name}", "--states=PENDING,RUNNING,CONFIGURING,COMPLETING",
+                  "--format=%i %T")  # fmt: skip
+    if listed.returncode != 0:
+        raise TargetError(f"squeue failed: {listed.stderr.strip()}; is the Slurm controller reachable?")
+    jobs = [line.split() for line in listed.stdout.splitlines() if line.strip()]
+    return (jobs[0][0], jobs[0][1]) if jobs else None
+
+
 def _run(*command: str) -> subprocess.CompletedProcess:
     if not shutil.which(command[0]):
         raise TargetError(f"{command[0]} not found: run this on the cluster's head node (Slurm client tools)")
@@ -215,6 +225,12 @@ class SlurmOrchestrator(Target):
 
     def submit(self, config: Config, fresh: bool = False) -> SlurmJob:
         root = job_dir(config)
+        live = _live_job_of(config)  # before the shared run directory is touched: one writer per run
+        if live:
+            raise TargetError(
+                f"run {config.name} ({root}) is already Slurm job {live[0]} ({live[1]}): follow it with `toolkit "
+                f"jobs logs {live[0]} --follow -c CONFIG`, stop it with `toolkit jobs stop {live[0]} -c CONFIG`"
+            )
         if fresh:
             for stale in ("checkpoints", "model", "output"):
                 shutil.rmtree(root / stale, ignore_errors=True)

@@ -90,7 +90,8 @@ class LocalJob(Job):
         if self.killed:
             return JobState(self.name, Status.STOPPED, f"stopped at once: no new checkpoint was written; {resume}")
         if failure.exists():
-            return JobState(self.name, Status.FAILED, f"{failure.read_text().strip()}; {resume}")
+            reason = failure.read_text(errors="replace").strip() or self._why_it_ended(code)
+            return JobState(self.name, Status.FAILED, f"{reason}; {resume}")
         if self.stop_requested or code == 143 or (self.root / "output" / "stopped").exists():
             return JobState(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
         if code not in (None, 0):
