@@ -37,6 +37,7 @@ from . import checkpoints
 from .settings import (
     FAILED_PREFIX,
     HF_TOKEN_SECRET_ENV,
+    STOP_WINDOW_SECONDS,
     TORCHRUN_SHUTDOWN_ENV,
     TrainSettings,
     from_hyperparameters,
@@ -278,13 +279,23 @@ def callbacks(settings: TrainSettings):
 
         def __init__(self, keep: int) -> None:
             self.keep = keep
+            self.save_started = time.monotonic()
+
+        def on_step_end(self, args, state, control, **kwargs):  # callbacks run in order: after SaveOnSigterm's
+            if control.should_save:
+                self.save_started = time.monotonic()
 
         def on_save(self, args, state, control, **kwargs):
             barrier()  # every rank's files (its RNG state, its shards) are written
             fault_point(f"before-seal-{state.global_step}")
             if state.is_world_process_zero:
                 time.sleep(float(os.environ.get(SLOW_SAVE_ENV, 0)))
-                checkpoints.seal(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+                saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                checkpoints.seal(saved)
+                size = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file()) / 1e6
+                seconds = time.monotonic() - self.save_started
+                log(f"{saved.name}: {size:.0f} MB saved and sealed in {seconds:.1f} s (the stop window is "
+                    f"{STOP_WINDOW_SECONDS} s)")  # fmt: skip
                 for old in checkpoints.prune(Path(args.output_dir), self.keep):
                     log(f"removed {old.name} (training.save_total_limit)")
             barrier()
