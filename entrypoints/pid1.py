@@ -4,7 +4,7 @@ SageMaker stops a job (StopTrainingJob, a spot interruption, max run time) with 
 The SDK's own PID 1 is `bash -c "... sm_train.sh"`, which neither forwards the signal nor dies of it (the kernel
 shields PID 1 from signals it has no handler for), so torchrun and the ranks never hear it and the entrypoint's
 checkpoint-on-SIGTERM never runs. This process runs the same command in a process group of its own, forwards
-SIGTERM/SIGINT to the ranks (every process of that group started by torchrun: LOCAL_RANK in its environment; the
+SIGTERM/SIGINT to the ranks (every process under it started by torchrun: LOCAL_RANK in its environment; the
 whole group when there are none), waits for every process it inherits (when PID 1 exits, the kernel kills
 whatever is left, mid-checkpoint), and exits with the command's status (128 + signal when a signal ended it).
 The ranks alone, not torchrun: torchrun before 2.12 SIGKILLs its ranks 30 s after it is signalled, whatever its
@@ -50,21 +50,30 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def ranks_in_group(group: int) -> list[int]:
-    """The processes of the job's group that a launcher started as ranks (LOCAL_RANK set in their environment)."""
-    ranks = []
+def ranks_in_group(leader: int) -> list[int]:
+    """The processes under the job's command that a launcher started as ranks (LOCAL_RANK in their environment).
+    Found by parentage, not by process group: torchrun starts its ranks in sessions of their own."""
+    parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            if os.getpgid(int(entry)) != group:
-                continue
-            with open(f"/proc/{entry}/environ", "rb") as handle:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                parent = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+        parents.setdefault(parent, []).append(int(entry))
+    ranks, todo = [], list(parents.get(leader, []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(parents.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
                 environment = handle.read().split(b"\0")
-        except OSError:  # gone meanwhile, or not ours to read
+        except OSError:
             continue
         if any(item.startswith(b"LOCAL_RANK=") for item in environment):
-            ranks.append(int(entry))
+            ranks.append(pid)
     return sorted(ranks)
 
 
