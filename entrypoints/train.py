@@ -420,10 +420,6 @@ def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Pa
     log(f"training already finished at step {step} ({checkpoint.name}); writing the adapter and merge only")
     if rank() != 0:
         return 0
-    if not (checkpoint / "adapter_model.safetensors").exists():
-        raise RuntimeError(
-            f"{checkpoint} holds no whole adapter (sharded FSDP state): rerun with --fresh to train again"
-        )
     from .model import load_tokenizer
 
     tokenizer = load_tokenizer(settings.model)
@@ -435,7 +431,13 @@ def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Pa
         tokenizer.save_pretrained(out)
 
     adapter_dir = paths.model_dir / "adapter"
-    write_whole(adapter_dir, copy_adapter)
+    if (checkpoint / "adapter_model.safetensors").exists():
+        write_whole(adapter_dir, copy_adapter)
+    elif not (adapter_dir / "adapter_model.safetensors").exists():  # published whole after the last step, or not
+        raise RuntimeError(
+            f"{checkpoint} holds sharded FSDP state and no whole adapter, and {adapter_dir} was not written: "
+            "run again with --fresh to train again"
+        )
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     summary = {
         "settings": settings.model_dump(mode="json"),
