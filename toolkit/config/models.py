@@ -110,7 +110,8 @@ class HyperPodTarget(StrictModel):
     service_account: str | None = Field(
         None,
         description="EKS: the service account of the pod that exports a run's model from FSx to S3 for `toolkit "
-        "deploy` (it needs s3:PutObject on aws.bucket, through IRSA or EKS Pod Identity); default: the namespace's.",
+        "deploy` (`toolkit infra deploy --export-eks-cluster` gives one its S3 role through EKS Pod Identity); "
+        "default: the namespace's.",
     )
     kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")

@@ -303,7 +303,7 @@ def export_model(config: Config, dry_run: bool = False, poll_seconds: float = 5)
     from toolkit import aws
 
     aws.require(config.aws, "bucket")
-    base = f"{config.aws.prefix}/models/{config.name}"
+    base = aws.model_prefix(config.aws.prefix, config.name)
     if dry_run:  # the run's id is the cluster's: named, not looked up
         return f"s3://{config.aws.bucket}/{base}/<uid of the completed {config.hyperpod.eks_job_kind}>/"
     state = ORCHESTRATOR.attach(config, config.name).status()

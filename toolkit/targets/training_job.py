@@ -220,9 +220,10 @@ class TrainingJobTarget(Target):
     def submit(self, config: Config, fresh: bool = False) -> TrainingJob:
         """Every submission is a new job whose checkpoints live under its own name, so it always starts fresh
         (`fresh` holds by construction); a spot interruption resumes within the job from those checkpoints."""
-        trainer, boto_session = self._trainer(config, dry_run=False)
+        job_name = _unique_job_name(config)
+        trainer, boto_session = self._trainer(config, dry_run=False, job_name=job_name)
         try:
-            with _signal_relay_as_pid1():
+            with _signal_relay_as_pid1(), _job_named(job_name):
                 trainer.train(wait=False, logs=False)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
@@ -262,15 +263,16 @@ class TrainingJobTarget(Target):
         return None
 
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
-        trainer, _ = self._trainer(config, dry_run=dry_run)
+        job_name = _unique_job_name(config)
+        trainer, _ = self._trainer(config, dry_run=dry_run, job_name=job_name)
         try:
-            with _signal_relay_as_pid1():
+            with _signal_relay_as_pid1(), _job_named(job_name):
                 request = trainer._create_training_job_args(boto3=True)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
         return request
 
-    def _trainer(self, config: Config, dry_run: bool):
+    def _trainer(self, config: Config, dry_run: bool, job_name: str):
         aws.require(config.aws, "role", "bucket")
         boto_session = aws.offline_session(config.aws) if dry_run else aws.session(config.aws)
         _opt_out_of_sdk_telemetry()
@@ -335,7 +337,11 @@ class TrainingJobTarget(Target):
                 kms_key_id=job.kms_key_id,
                 compression_type="NONE",
             ),
-            checkpoint_config=CheckpointConfig(local_path="/opt/ml/checkpoints"),
+            # under the prefix the stack's lifecycle rule expires (the SDK's default puts the config name first)
+            checkpoint_config=CheckpointConfig(
+                local_path="/opt/ml/checkpoints",
+                s3_uri=f"s3://{config.aws.bucket}/{aws.checkpoint_prefix(config.aws.prefix, config.name, job_name)}",
+            ),
             input_data_config=[InputData(channel_name=name, data_source=uri) for name, uri in channels.items()],
             hyperparameters=to_hyperparameters(config.train_settings()),
             environment=environment,
@@ -385,6 +391,28 @@ def _signal_relay_as_pid1():
         yield
     finally:
         model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS = entrypoint, arguments
+
+
+def _unique_job_name(config: Config) -> str:
+    """The job's name, by the SDK's own rule (config name + timestamp), chosen before the request is built so
+    that the checkpoint location can carry it."""
+    from sagemaker.train.utils import _get_unique_name
+
+    return _get_unique_name(config.name)
+
+
+@contextlib.contextmanager
+def _job_named(name: str):
+    """The SDK names the job while it builds the request (module function `_get_unique_name`): it takes `name`
+    for that call only."""
+    from sagemaker.train import model_trainer
+
+    unique_name = model_trainer._get_unique_name
+    model_trainer._get_unique_name = lambda base, max_length=63: name
+    try:
+        yield
+    finally:
+        model_trainer._get_unique_name = unique_name
 
 
 def _dry_run_session_class():
