@@ -172,7 +172,8 @@ class MlflowSettings(StrictModel):
         ...,
         pattern=r"^(https?://|arn:aws[a-z-]*:sagemaker:|databricks|file:)",
         description="The tracking server: http(s)://host:port, a SageMaker managed MLflow tracking server's ARN "
-        "(`toolkit infra deploy --mlflow-tracking-server ARN` lets the execution role log to it), 'databricks', or file:/path (local runs only).",
+        "(`toolkit infra deploy --mlflow-tracking-server ARN` lets the execution role log to it), 'databricks', "
+        "or file:/path (local runs only).",
     )
     experiment: str = Field("toolkit", min_length=1, description="Experiment the runs are logged under.")
 
