@@ -12,6 +12,15 @@ from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
 
 TargetName = Literal["local", "training-job", "hyperpod"]
+# The tags `toolkit image build` pushes into the stack's immutable repositories: `<prefix>-<content hash>`.
+IMAGE_TAG_PREFIXES = {"serving": "serve", "training": "train"}
+CONTENT_TAG_DIGITS = 12
+# Every image field that may name one of those repositories: (field, the field naming the repository, the image).
+IMMUTABLE_IMAGE_FIELDS = [
+    ("hyperpod.image", "hyperpod.image_repository", "training"),
+    ("training_job.image_uri", "hyperpod.image_repository", "training"),
+    ("serving.image_uri", "serving.repository", "serving"),
+]
 
 
 def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
@@ -302,6 +311,30 @@ class Config(TrainSettings):
                 "training_job.security_group_ids"
             )
         return self
+
+    @model_validator(mode="after")
+    def _built_images_by_their_tag(self) -> Config:
+        """The stack's repositories are immutable and hold only content-hash tags: `:latest` (or any other tag)
+        would be pulled from nothing (ImagePullBackOff on EKS, a failed job or endpoint)."""
+        for field, repository_field, kind in IMMUTABLE_IMAGE_FIELDS:
+            image = self._field(field)
+            if not image or "@sha256:" in image:
+                continue
+            path, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+            prefix = IMAGE_TAG_PREFIXES[kind]
+            host, _, repository = path.partition("/")
+            if ".dkr.ecr." not in host or repository != self._field(repository_field):
+                continue  # another registry or repository: its tags are its own
+            if not re.fullmatch(rf"{prefix}-[0-9a-f]{{{CONTENT_TAG_DIGITS}}}", tag):
+                raise ValueError(
+                    f"{field}: tag {tag or '(none)'!r} of {path}, an immutable repository that holds only the tags "
+                    f"`toolkit image build {kind}` pushes ({prefix}-<content hash>): use the tag it prints"
+                )
+        return self
+
+    def _field(self, dotted: str) -> str | None:
+        section, name = dotted.split(".")
+        return getattr(getattr(self, section), name)
 
     @model_validator(mode="after")
     def _data_bucket_is_readable(self) -> Config:
