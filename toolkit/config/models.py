@@ -23,6 +23,17 @@ IMMUTABLE_IMAGE_FIELDS = [
 ]
 
 
+def in_ecr_repository(image: str | None, repository: str | None) -> bool:
+    """Whether `image` (registry/repository[:tag|@digest]) is in the ECR repository named `repository`."""
+    if not image:
+        return False
+    path = image.split("@", 1)[0]
+    if ":" in path.rsplit("/", 1)[-1]:
+        path = path.rpartition(":")[0]
+    host, _, name = path.partition("/")
+    return ".dkr.ecr." in host and name == repository
+
+
 def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
     """A path template may use only the placeholders it is filled with (else a KeyError at launch)."""
     try:
@@ -322,14 +333,28 @@ class Config(TrainSettings):
                 continue
             path, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
             prefix = IMAGE_TAG_PREFIXES[kind]
-            host, _, repository = path.partition("/")
-            if ".dkr.ecr." not in host or repository != self._field(repository_field):
+            if not in_ecr_repository(image, self._field(repository_field)):
                 continue  # another registry or repository: its tags are its own
             if not re.fullmatch(rf"{prefix}-[0-9a-f]{{{CONTENT_TAG_DIGITS}}}", tag):
                 raise ValueError(
                     f"{field}: tag {tag or '(none)'!r} of {path}, an immutable repository that holds only the tags "
                     f"`toolkit image build {kind}` pushes ({prefix}-<content hash>): use the tag it prints"
                 )
+        return self
+
+    def runs_the_built_training_image(self) -> bool:
+        """training_job.image_uri is `toolkit image build training`'s image: the locked stack is in it, so the job
+        installs nothing at start."""
+        return in_ecr_repository(self.training_job.image_uri, self.hyperpod.image_repository)
+
+    @model_validator(mode="after")
+    def _vpc_job_installs_nothing(self) -> Config:
+        if self.target == "training-job" and self.training_job.subnets and not self.runs_the_built_training_image():
+            raise ValueError(
+                "training_job.subnets: a job in your VPC would pip-install the training stack from PyPI at start, "
+                "which fails without a NAT route: set training_job.image_uri to the URI `toolkit image build "
+                "training` prints (the stack is in it; the job installs nothing)"
+            )
         return self
 
     def _field(self, dotted: str) -> str | None:

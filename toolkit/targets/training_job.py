@@ -22,7 +22,7 @@ from typing import Any
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
+from toolkit.entrypoints.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
 
@@ -115,7 +115,7 @@ def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, 
                 f"training_job.hf_token_secret: no secret named {secret!r} in {config.aws.region}: create it with "
                 f"`aws secretsmanager create-secret --name {secret} --secret-string <token>`"
             ) from None
-    return {HF_TOKEN_SECRET_ENV: secret}
+    return {HF_TOKEN_SECRET_ENV: secret, AWS_REGION_ENV: config.aws.region}
 
 
 @dataclass
@@ -313,7 +313,8 @@ class TrainingJobTarget(Target):
             source_code=SourceCode(
                 source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")), config)),
                 entry_script="entrypoints/train.py",
-                requirements="requirements.txt",
+                # the built training image holds the locked stack: nothing to install (nor any network at start)
+                requirements=None if config.runs_the_built_training_image() else "requirements.txt",
             ),
             distributed=Torchrun(process_count_per_node=instance(job.instance_type, "training_job.instance_type").gpus),
             compute=Compute(
