@@ -29,7 +29,7 @@ from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.models import CONTENT_TAG_DIGITS, IMAGE_TAG_PREFIXES
 from toolkit.deploy import DeployError
-from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_DOCKERFILE, TRAINING_LOCK
+from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_BASE_CHECK, TRAINING_DOCKERFILE, TRAINING_LOCK
 
 ImageKind = Literal["serving", "training"]
 ECR_HOST = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
@@ -83,7 +83,7 @@ def build_context(kind: ImageKind) -> Iterator[Path]:
         yield SERVING_CONTEXT
         return
     with tempfile.TemporaryDirectory(prefix="toolkit-training-image-") as assembled:
-        for source in (TRAINING_DOCKERFILE, TRAINING_LOCK, MLFLOW_LOCK):
+        for source in (TRAINING_DOCKERFILE, TRAINING_LOCK, MLFLOW_LOCK, TRAINING_BASE_CHECK):
             shutil.copy(source, Path(assembled) / source.name)
         yield Path(assembled)
 
