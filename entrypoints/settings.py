@@ -24,6 +24,9 @@ GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", 
 GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
+# ...with a client made for the job's region, which the toolkit passes too (a container need not know its region;
+# tests/entrypoints/test_train.py fails on any boto3 client in the job made without region_name)
+AWS_REGION_ENV = "TOOLKIT_AWS_REGION"
 # How the entrypoint says why it failed, on its output (read by the local target when output/failure cannot be
 # written, e.g. on a full disk)
 FAILED_PREFIX = "[toolkit] FAILED: "
@@ -185,7 +188,8 @@ class MlflowSettings(StrictModel):
         ...,
         pattern=r"^(https?://|arn:aws[a-z-]*:sagemaker:|databricks|file:)",
         description="The tracking server: http(s)://host:port, a SageMaker managed MLflow tracking server's ARN "
-        "(the execution role needs sagemaker-mlflow:* on it), 'databricks', or file:/path (local runs only).",
+        "(`toolkit infra deploy --mlflow-tracking-server ARN` lets the execution role log to it), 'databricks', "
+        "or file:/path (local runs only).",
     )
     experiment: str = Field("toolkit", min_length=1, description="Experiment the runs are logged under.")
 

@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a script (SageMaker's source dir): impor
 
 from . import checkpoints
 from .settings import (
+    AWS_REGION_ENV,
     FAILED_PREFIX,
     HF_TOKEN_SECRET_ENV,
     STOP_WINDOW_SECONDS,
@@ -631,7 +632,13 @@ def load_hf_token() -> None:
         return
     import boto3
 
-    value = boto3.client("secretsmanager").get_secret_value(SecretId=secret)["SecretString"].strip()
+    region = os.environ.get(AWS_REGION_ENV) or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if not region:
+        raise ValueError(
+            f"{HF_TOKEN_SECRET_ENV} names secret {secret} but {AWS_REGION_ENV} names no region to read it in"
+        )
+    client = boto3.client("secretsmanager", region_name=region)
+    value = client.get_secret_value(SecretId=secret)["SecretString"].strip()
     if value.startswith("{"):
         value = json.loads(value).get("HF_TOKEN") or json.loads(value).get("token") or ""
     if not value:

@@ -29,8 +29,11 @@ def _free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, gpu_gres: bool = False) -> None:
+        """gpu_gres: one GPU GRES per node (`GresTypes=gpu`, `Gres=gpu:1`). There is no GPU here: its device file
+        is /dev/null (Slurm refuses a gpu GRES without a File, and registers the node INVAL with it missing)."""
         self.root = root
+        self.gpu_gres = gpu_gres
         self.host = socket.gethostname().split(".")[0]
         self.nodes = [self.host, "localhost"]
         self.pids: list[int] = []
@@ -53,6 +56,7 @@ class SlurmCluster:
         )  # fmt: skip
         self.pids.append(int((root / "munge" / "munged.pid").read_text()))
         ctld_port = _free_port()
+        gres = " Gres=gpu:1" if self.gpu_gres else ""
         node_ports = [_free_port(), _free_port()]
         self.conf.write_text(
             "\n".join(
@@ -79,13 +83,18 @@ class SlurmCluster:
                     f"SlurmdPidFile={root / 'run' / 'slurmd-%n.pid'}",
                     f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
                     f"SlurmdLogFile={root / 'log' / 'slurmd-%n.log'}",
-                    f"NodeName={self.nodes[0]} NodeAddr=127.0.0.1 Port={node_ports[0]} CPUs=2 RealMemory=8000",
-                    f"NodeName={self.nodes[1]} NodeAddr=127.0.0.1 Port={node_ports[1]} CPUs=2 RealMemory=8000",
+                    *(["GresTypes=gpu"] if self.gpu_gres else []),
+                    *(
+                        f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs=2 RealMemory=8000{gres}"
+                        for name, port in zip(self.nodes, node_ports, strict=True)
+                    ),
                     f"PartitionName=main Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
                 ]
             )
             + "\n"
         )
+        if self.gpu_gres:  # read by each slurmd from slurm.conf's directory
+            (root / "gres.conf").write_text("Name=gpu Count=1 File=/dev/null\n")
         # one spool dir per node name
         for name in self.nodes:
             (root / f"spool{name}").mkdir(exist_ok=True)

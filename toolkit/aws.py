@@ -120,6 +120,22 @@ def require_bucket(settings: AwsSettings, boto_session: Any = None) -> None:
         raise
 
 
+# The bucket's layout under aws.prefix that infra/toolkit.yaml's rules name (the checkpoint lifecycle rule, the
+# export role's scope): the jobs write there through these, and tests/infra/test_stack.py holds the template to them.
+def checkpoint_root(prefix: str) -> str:
+    """Every training job's checkpoints, the prefix the stack expires after CheckpointRetentionDays."""
+    return f"{prefix}/checkpoints/"
+
+
+def checkpoint_prefix(prefix: str, config_name: str, job_name: str) -> str:
+    return f"{checkpoint_root(prefix)}{config_name}/{job_name}/"
+
+
+def model_prefix(prefix: str, config_name: str) -> str:
+    """Models exported from HyperPod EKS runs (the stack's export role may write only here)."""
+    return f"{prefix}/models/{config_name}"
+
+
 UPLOAD_MARKER = ".toolkit-complete"  # written last under an uploaded prefix: there, the upload is whole
 
 

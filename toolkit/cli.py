@@ -352,6 +352,14 @@ def infra_deploy(
         list[str] | None, typer.Option("--data-bucket", help="Another bucket jobs may read data from (repeatable).")
     ] = None,
     vpc: Annotated[bool, typer.Option("--vpc", help="Let jobs run in your VPC (needed for fsx:// data).")] = False,
+    mlflow_tracking_server: Annotated[
+        str, typer.Option(help="ARN of a SageMaker managed MLflow tracking server jobs may log to.")
+    ] = "",
+    export_eks_cluster: Annotated[
+        str, typer.Option(help="HyperPod's EKS cluster: a Pod Identity role for the model export pod.")
+    ] = "",
+    export_namespace: Annotated[str, typer.Option(help="The export pod's namespace.")] = "default",
+    export_service_account: Annotated[str, typer.Option(help="The export pod's service account.")] = "toolkit-export",
     yes: YesOpt = False,
 ) -> None:
     """Create or update the stack: show the parameters and changes, then apply them with progress."""
@@ -360,7 +368,10 @@ def infra_deploy(
     from toolkit import infra, sdk
 
     settings = _aws_settings(config)
-    parameters = infra.parameters(settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc)
+    export = infra.ExportRole(export_eks_cluster, export_namespace, export_service_account)
+    parameters = infra.parameters(
+        settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc, mlflow_tracking_server, export
+    )
     shown = Table("parameter", "value", title=f"stack {stack} parameters")
     for key, value in parameters.items():
         shown.add_row(key, value or "-")

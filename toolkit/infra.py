@@ -87,10 +87,27 @@ def plan(settings: AwsSettings, stack: str, parameters: dict[str, str], template
     return Plan(stack, parameters, body, changes, change_set=created["Id"])
 
 
+@dataclass
+class ExportRole:
+    """The HyperPod EKS model-export pod's role: created when `cluster` (the EKS cluster) is named."""
+
+    cluster: str = ""
+    namespace: str = "default"
+    service_account: str = "toolkit-export"
+
+
 def parameters(
-    settings: AwsSettings, name_prefix: str, kms: bool, hf_token_secret: str, data_buckets: list[str], vpc: bool
+    settings: AwsSettings,
+    name_prefix: str,
+    kms: bool,
+    hf_token_secret: str,
+    data_buckets: list[str],
+    vpc: bool,
+    mlflow_tracking_server: str = "",
+    export: ExportRole | None = None,
 ) -> dict[str, str]:
     """The stack's parameters; each extra data bucket becomes its bucket and objects ARNs (read-only access)."""
+    export = export or ExportRole()
     partition = aws.partition(settings.region)
     arns = [arn for name in data_buckets for arn in (f"arn:{partition}:s3:::{name}", f"arn:{partition}:s3:::{name}/*")]
     return {
@@ -100,6 +117,10 @@ def parameters(
         "HfTokenSecretName": hf_token_secret,
         "DataBucketArns": ",".join(arns),
         "EnableVpc": str(vpc).lower(),
+        "MlflowTrackingServerArn": mlflow_tracking_server,
+        "ExportEksCluster": export.cluster,
+        "ExportNamespace": export.namespace,
+        "ExportServiceAccount": export.service_account,
     }
 
 
@@ -108,16 +129,27 @@ def _parameters(values: dict[str, str]) -> list[dict[str, str]]:
 
 
 def _resources_to_add(body: str, parameters: dict[str, str]) -> list[Change]:
-    """A new stack adds every resource whose condition holds (the template's conditions are simple Equals)."""
+    """A new stack adds every resource whose condition holds (the template's conditions: Equals, Not, Join of
+    parameters)."""
     template = yaml.load(body, Loader=_CfnLoader)
     defaults = {k: str(v.get("Default", "")) for k, v in template.get("Parameters", {}).items()}
     values = {**defaults, **parameters}
-    holds = {}
-    for name, condition in template.get("Conditions", {}).items():
-        if "Fn::Equals" not in condition:  # conditions on statements, not resources
-            continue
-        left, right = condition["Fn::Equals"]
-        holds[name] = str(values.get(left.get("Ref"), left) if isinstance(left, dict) else left) == str(right)
+
+    def value(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        ((function, argument),) = node.items()
+        if function == "Ref":
+            return values[argument]
+        if function == "Fn::Equals":
+            return str(value(argument[0])) == str(value(argument[1]))
+        if function == "Fn::Not":
+            return not value(argument[0])
+        if function == "Fn::Join":
+            return argument[0].join(str(value(argument[1])).split(","))
+        raise ValueError(f"condition function {function} (extend toolkit.infra._resources_to_add)")
+
+    holds = {name: value(condition) for name, condition in template.get("Conditions", {}).items()}
     return [
         Change("Add", logical_id, resource["Type"])
         for logical_id, resource in template["Resources"].items()
@@ -214,6 +246,8 @@ def config_overlay(base: str, values: dict[str, str], region: str) -> str:
         overlay["serving"] = {"repository": values["RepositoryUri"].split("/", 1)[1]}
     if "TrainingRepositoryUri" in values:
         overlay["hyperpod"] = {"image_repository": values["TrainingRepositoryUri"].split("/", 1)[1]}
+    if "ExportServiceAccount" in values:  # EKS Pod Identity gives it the stack's export role
+        overlay.setdefault("hyperpod", {})["service_account"] = values["ExportServiceAccount"]
     header = "# Written by `toolkit infra outputs` from the stack's outputs.\n"
     return header + yaml.safe_dump(overlay, sort_keys=False)
 

@@ -69,3 +69,66 @@ def test_a_run_logs_its_parameters_and_every_step_to_mlflow(tmp_path, mlflow_ser
     assert run.data.params["max_steps"] == "4" and run.data.params["model_type"] == "gpt_oss"
     # kept with the checkpoints: a resumed job continues this run instead of starting another
     assert (root / "checkpoints" / "mlflow-run-id").read_text() == run.info.run_id
+
+
+@pytest.fixture
+def recording_proxy(mlflow_server):
+    """Forwards to the tracking server and records each MLflow REST call a run makes (what sagemaker-mlflow
+    signs for a SageMaker managed server, one IAM action per call)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls: list[tuple[str, str]] = []
+
+    class Forward(BaseHTTPRequestHandler):
+        def _forward(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            calls.append((self.command, self.path.split("?")[0]))
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+            reply = requests.request(self.command, mlflow_server + self.path, data=body, headers=headers, timeout=60)
+            self.send_response(reply.status_code)
+            self.send_header("Content-Type", reply.headers.get("Content-Type", "application/json"))
+            self.send_header("Content-Length", str(len(reply.content)))
+            self.end_headers()
+            self.wfile.write(reply.content)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", calls
+    finally:
+        server.shutdown()
+
+
+def iam_actions(calls: list[tuple[str, str]]) -> set[str]:
+    """The sagemaker-mlflow IAM action of each REST call: its RPC's name in MLflow's own service definition."""
+    from mlflow.protos import databricks_pb2, service_pb2
+
+    rpcs = {}
+    for method in service_pb2.MlflowService.DESCRIPTOR.methods:
+        for endpoint in method.GetOptions().Extensions[databricks_pb2.rpc].endpoints:
+            rpcs[(endpoint.method, endpoint.path)] = method.name[0].upper() + method.name[1:]
+    found = set()
+    for verb, path in calls:
+        rest = path.split("/api/2.0", 1)[-1].split("/ajax-api/2.0", 1)[-1]
+        assert (verb, rest) in rpcs, f"{verb} {path} is no MLflow tracking RPC"
+        found.add(f"sagemaker-mlflow:{rpcs[(verb, rest)]}")
+    return found
+
+
+def test_the_stack_grants_exactly_the_mlflow_calls_a_run_and_its_resume_make(tmp_path, recording_proxy):
+    from tests.infra.test_stack import mlflow_actions
+
+    url, calls = recording_proxy
+    tracking = ["training.report_to=[mlflow]", f"training.mlflow.tracking_uri={url}", "training.save_steps=2"]
+    for steps in (2, 4):  # the second run resumes the first's checkpoint and MLflow run
+        root = lay_out(tmp_path / "job", [*tracking, f"training.max_steps={steps}"])
+        result = run_entrypoint(root)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "resuming from" in result.stdout
+    assert iam_actions(calls) == set(mlflow_actions())  # infra/toolkit.yaml's MlflowPolicy

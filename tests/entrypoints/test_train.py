@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from tests.entrypoints.helpers import ENTRYPOINT, entrypoint_env, lay_out, losses, run_entrypoint
+from tests.entrypoints.helpers import ENTRYPOINT, REPO, entrypoint_env, lay_out, losses, run_entrypoint
 
 pytestmark = pytest.mark.integration
 
@@ -157,6 +157,36 @@ def test_the_job_reads_its_hf_token_from_the_named_secret(aws_env, monkeypatch):
         monkeypatch.setenv("TOOLKIT_HF_TOKEN_SECRET", secret)
         train.load_hf_token()
         assert os.environ["HF_TOKEN"] == token
+    # in the container: the region the toolkit passed, with none of AWS's own region variables set
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION", "HF_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("TOOLKIT_AWS_REGION", "us-east-1")
+    train.load_hf_token()
+    assert os.environ["HF_TOKEN"] == token
+
+
+def boto3_calls_without_a_region(source: str) -> list[str]:
+    import ast
+
+    missing = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            made_by_boto3 = isinstance(owner, ast.Name) and owner.id == "boto3"
+            regional = "region_name" in {keyword.arg for keyword in node.keywords}
+            if made_by_boto3 and node.func.attr in ("client", "resource", "Session") and not regional:
+                missing.append(f"line {node.lineno}: boto3.{node.func.attr}")
+    return missing
+
+
+def test_every_aws_client_in_a_job_names_its_region():
+    """A container need not know its region (and a VPC endpoint is regional): what runs in a job, the entrypoint
+    package and the EKS export pod's script, makes every boto3 client with region_name."""
+    from toolkit.targets.hyperpod_eks import EXPORT_SCRIPT
+
+    sources = {str(p): p.read_text() for p in (REPO / "entrypoints").glob("*.py")} | {"export pod": EXPORT_SCRIPT}
+    assert boto3_calls_without_a_region("import boto3\nboto3.client('s3')\n") == ["line 2: boto3.client"]
+    assert {name: found for name, source in sources.items() if (found := boto3_calls_without_a_region(source))} == {}
 
 
 def _pid1_of(namespace_launcher: subprocess.Popen) -> int:

@@ -3,7 +3,8 @@ offline simulator is npm's @cloud-copilot/iam-simulate); IAM's SimulatePrincipal
 does not implement it.
 
 It resolves the template's intrinsic functions for concrete parameters, account and region, gathers the role's
-statements (inline policies, and the VPC/KMS policies when their conditions hold), and decides a request the way
+statements (inline policies, and the stack's policies attached to it when their conditions hold) and its trust
+policy, and decides a request the way
 IAM does for the forms the template uses: explicit Deny wins; an Allow matches on Action and Resource wildcards
 and on StringEquals / StringLike / Bool conditions (a condition whose key the request lacks does not match).
 """
@@ -25,10 +26,22 @@ NO_VALUE = object()
 @dataclass
 class Role:
     statements: list[dict]
+    trust: list[dict] = field(default_factory=list)
 
     def allows(self, action: str, resource: str, context: dict[str, str] | None = None) -> bool:
         context = context or {}
         matching = [s for s in self.statements if _matches(s, action, resource, context)]
+        return any(s["Effect"] == "Allow" for s in matching) and not any(s["Effect"] == "Deny" for s in matching)
+
+    def trusts(self, principal: dict[str, str], action: str, context: dict[str, str] | None = None) -> bool:
+        """Whether the trust policy lets `principal` (e.g. {"Service": "pods.eks.amazonaws.com"}) call `action`
+        (sts:AssumeRole, sts:TagSession) on the role, with the request's condition keys in `context`."""
+        context = context or {}
+        matching = [
+            s for s in self.trust
+            if all(value in _as_list(s["Principal"].get(kind, [])) for kind, value in principal.items())
+            and _matches({**s, "Resource": "*"}, action, "*", context)
+        ]  # fmt: skip
         return any(s["Effect"] == "Allow" for s in matching) and not any(s["Effect"] == "Deny" for s in matching)
 
 
@@ -38,22 +51,30 @@ class Stack:
     account: str = "111122223333"
     parameters: dict[str, str] = field(default_factory=dict)
 
-    def role(self) -> Role:
+    def role(self, logical_id: str = "ExecutionRole") -> Role:
+        """The role's statements: its inline policies and every AWS::IAM::Policy of the stack attached to it
+        whose condition holds."""
         template = yaml.load(infra.TEMPLATE.read_text(), Loader=infra._CfnLoader)
         self.template = template
         self.values = {k: v.get("Default", "") for k, v in template["Parameters"].items()} | self.parameters
         self.conditions = {name: bool(self.resolve(c)) for name, c in template["Conditions"].items()}
         resources = template["Resources"]
-        documents = [p["PolicyDocument"] for p in resources["ExecutionRole"]["Properties"]["Policies"]]
-        for name in ("VpcPolicy", "KmsPolicy"):
-            if self.conditions[resources[name]["Condition"]]:
-                documents.append(resources[name]["Properties"]["PolicyDocument"])
+        role = resources[logical_id]
+        assert self.conditions.get(role.get("Condition"), True), f"{logical_id} is not created with these parameters"
+        documents = [p["PolicyDocument"] for p in role["Properties"].get("Policies", [])]
+        for resource in resources.values():
+            attached = resource["Type"] == "AWS::IAM::Policy" and {"Ref": logical_id} in resource["Properties"]["Roles"]
+            if attached and self.conditions.get(resource.get("Condition"), True):
+                documents.append(resource["Properties"]["PolicyDocument"])
+        return Role(self._statements(documents), self._statements([role["Properties"]["AssumeRolePolicyDocument"]]))
+
+    def _statements(self, documents: list[dict]) -> list[dict]:
         statements = []
         for document in documents:
-            for statement in self.resolve(document["Statement"]):
+            for statement in _as_list(self.resolve(document["Statement"])):
                 if statement is not NO_VALUE:
                     statements.append(statement)
-        return Role(statements)
+        return statements
 
     # -- intrinsic functions -------------------------------------------------------------------------------------
 
@@ -80,6 +101,7 @@ class Stack:
             "TrainingRepository": f"arn:{partition}:ecr:{region}:{account}:repository/{prefix}-training",
             "Key": f"arn:{partition}:kms:{region}:{account}:key/0000-key",
             "ExecutionRole": f"arn:{partition}:iam::{account}:role/{prefix}-sagemaker-execution",
+            "ExportRole": f"arn:{partition}:iam::{account}:role/{prefix}-eks-model-export",
         }
         assert name == "Arn", (resource, name)
         return arns[resource]

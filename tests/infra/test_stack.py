@@ -6,6 +6,7 @@ and describes no changes for updates: those are checked on the template itself.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +38,36 @@ def as_list(value) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def test_cfn_lint_passes():
+def test_cfn_lint_passes_with_informational_rules():
     cfn_lint = Path(sys.executable).with_name("cfn-lint")
-    result = subprocess.run([str(cfn_lint), str(TEMPLATE)], capture_output=True, text=True)
+    checks = ["--include-checks", "I", "--non-zero-exit-code", "informational"]
+    result = subprocess.run([str(cfn_lint), *checks, "--", str(TEMPLATE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_key_is_kept_with_the_data_it_encrypts():
+    resources = template()["Resources"]
+    policies = ("DeletionPolicy", "UpdateReplacePolicy")
+    for name, resource in resources.items():  # whatever is kept and encrypted with the key keeps the key
+        uses_key = "Key.Arn" in str(resource) or "'Key', 'Arn'" in str(resource)
+        if uses_key and all(resource.get(policy) == "Retain" for policy in policies):
+            assert all(resources["Key"].get(policy) == "Retain" for policy in policies), name
+
+
+def test_the_checkpoint_rule_expires_what_a_training_job_writes(aws_env):
+    from toolkit.targets.training_job import TARGET
+
+    cfg = load_config("gpt-oss-20b-lora", [f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}",
+                                           "aws.prefix=team-a"])  # fmt: skip
+    written = json.loads(TARGET.render(cfg))["CheckpointConfig"]["S3Uri"]
+    bucket, _, key = written.removeprefix("s3://").partition("/")
+    assert bucket == aws_env["bucket"]
+    stack = Stack("us-east-1", parameters=infra.parameters(AwsSettings(prefix="team-a"), "tk", False, "h", [], False))
+    stack.role()
+    rules = stack.resolve(template()["Resources"]["ArtifactBucket"]["Properties"]["LifecycleConfiguration"]["Rules"])
+    (rule,) = [r for r in rules if r["Id"] == "expire-old-checkpoints"]
+    assert key.startswith(rule["Prefix"]) and rule["Prefix"] == aws.checkpoint_root("team-a"), (key, rule)
+    assert cfg.name in key  # each config's jobs apart, each job apart (a new job starts fresh)
 
 
 def test_no_wildcard_action_on_wildcard_resource():
@@ -150,12 +177,13 @@ def training_job_needs(stack: Stack) -> list[tuple[str, str, dict]]:
     p, r, a = aws.partition(stack.region), stack.region, stack.account
     bucket = f"arn:{p}:s3:::toolkit-{a}-{r}"
     dlc = dlc_catalogue()[r]
+    checkpoints = aws.checkpoint_prefix("toolkit", "cfg", "cfg-20260101000000")
     return [
         ("s3:GetObject", f"{bucket}/toolkit/data/abc/chat.jsonl", {}),
         ("s3:GetObject", f"{bucket}/toolkit/code/job/entrypoints/train.py", {}),
         ("s3:PutObject", f"{bucket}/toolkit/output/job/output/model/merged/model.safetensors", {}),
-        ("s3:PutObject", f"{bucket}/toolkit/checkpoints/job/checkpoint-10/adapter_model.safetensors", {}),
-        ("s3:ListBucket", bucket, {"s3:prefix": "toolkit/checkpoints/job/"}),
+        ("s3:PutObject", f"{bucket}/{checkpoints}checkpoint-10/adapter_model.safetensors", {}),
+        ("s3:ListBucket", bucket, {"s3:prefix": checkpoints}),
         ("ecr:BatchGetImage", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
         ("ecr:GetDownloadUrlForLayer", f"arn:{p}:ecr:{r}:{dlc}:repository/pytorch-training", {}),
         ("ecr:GetAuthorizationToken", "*", {}),
@@ -227,3 +255,100 @@ def test_optional_paths_open_when_asked_for():
         assert role.allows(action, resource), action
     assert not role.allows("ec2:RunInstances", f"arn:aws:ec2:us-west-2:{a}:instance/*")
     assert not role.allows("ec2:CreateNetworkInterface", "arn:aws:ec2:us-west-2:999988887777:subnet/subnet-1")
+
+
+TRACKING_SERVER = "arn:aws:sagemaker:us-west-2:111122223333:mlflow-tracking-server/team"
+
+
+def mlflow_actions() -> list[str]:
+    (policy,) = [r for r in template()["Resources"].values() if r.get("Condition") == "HasMlflow"]
+    (statement,) = statements(policy["Properties"]["PolicyDocument"])
+    return statement["Action"]
+
+
+def test_the_role_may_track_runs_on_the_named_mlflow_server_only():
+    settings = AwsSettings(region="us-west-2")
+    closed = Stack("us-west-2", parameters=infra.parameters(settings, "toolkit", False, "h", [], False)).role()
+    assert not closed.allows("sagemaker-mlflow:CreateRun", TRACKING_SERVER)  # no server named: no access
+    parameters = infra.parameters(settings, "toolkit", False, "h", [], False, TRACKING_SERVER)
+    role = Stack("us-west-2", parameters=parameters).role()
+    assert mlflow_actions()
+    for action in mlflow_actions():
+        assert role.allows(action, TRACKING_SERVER), action
+        assert not role.allows(action, TRACKING_SERVER.replace("/team", "/other-team")), action
+    for action in ("sagemaker-mlflow:DeleteExperiment", "sagemaker-mlflow:DeleteRun", "sagemaker-mlflow:AccessUI",
+                   "sagemaker-mlflow:CreateRegisteredModel", "sagemaker:DeleteMlflowTrackingServer"):  # fmt: skip
+        assert not role.allows(action, TRACKING_SERVER), action
+
+
+EXPORT = infra.ExportRole(cluster="hp-eks", namespace="ml", service_account="exporter")
+POD_IDENTITY = {"Service": "pods.eks.amazonaws.com"}
+
+
+def export_role(kms: bool):
+    parameters = infra.parameters(AwsSettings(region="us-west-2"), "toolkit", kms, "h", [], False, export=EXPORT)
+    stack = Stack("us-west-2", parameters=parameters)
+    return stack, stack.role("ExportRole")
+
+
+def pod_tags(**changed: str) -> dict[str, str]:
+    tags = {
+        "aws:SourceAccount": "111122223333",
+        "aws:RequestTag/eks-cluster-name": "hp-eks",
+        "aws:RequestTag/kubernetes-namespace": "ml",
+        "aws:RequestTag/kubernetes-service-account": "exporter",
+    }
+    return tags | {f"aws:RequestTag/{k.replace('_', '-')}": v for k, v in changed.items()}  # fmt: skip
+
+
+def test_the_export_role_is_made_only_for_a_named_cluster():
+    settings = AwsSettings(region="us-west-2")
+    stack = Stack("us-west-2", parameters=infra.parameters(settings, "toolkit", False, "h", [], False))
+    with pytest.raises(AssertionError, match="not created"):
+        stack.role("ExportRole")
+    added = {c.logical_id for c in infra._resources_to_add(TEMPLATE.read_text(), stack.parameters)}
+    assert not {"ExportRole", "ExportPodIdentity", "MlflowPolicy"} & added
+
+
+def test_only_the_export_service_account_assumes_the_export_role():
+    _, role = export_role(kms=False)
+    for action in ("sts:AssumeRole", "sts:TagSession"):
+        assert role.trusts(POD_IDENTITY, action, pod_tags()), action
+    assert not role.trusts(POD_IDENTITY, "sts:AssumeRole", pod_tags(kubernetes_service_account="default"))
+    assert not role.trusts(POD_IDENTITY, "sts:AssumeRole", pod_tags(kubernetes_namespace="kube-system"))
+    assert not role.trusts(POD_IDENTITY, "sts:AssumeRole", pod_tags(eks_cluster_name="other"))
+    assert not role.trusts(POD_IDENTITY, "sts:AssumeRole", pod_tags() | {"aws:SourceAccount": "999988887777"})
+    assert not role.trusts({"Service": "sagemaker.amazonaws.com"}, "sts:AssumeRole", pod_tags())
+    untagged = {k: v for k, v in pod_tags().items() if k == "aws:SourceAccount"}
+    assert not role.trusts(POD_IDENTITY, "sts:AssumeRole", untagged)  # not through Pod Identity's session tags
+
+
+@pytest.mark.parametrize("kms", [False, True])
+def test_the_export_role_writes_models_and_nothing_else(kms):
+    stack, role = export_role(kms)
+    bucket = f"arn:aws:s3:::toolkit-{stack.account}-us-west-2"
+    models = aws.model_prefix("toolkit", "cfg")
+    assert role.allows("s3:PutObject", f"{bucket}/{models}/0123abcd/merged/model-00001.safetensors")
+    assert role.allows("s3:AbortMultipartUpload", f"{bucket}/{models}/0123abcd/merged/model-00001.safetensors")
+    for action, resource in (
+        ("s3:PutObject", f"{bucket}/toolkit/checkpoints/cfg/x"),
+        ("s3:PutObject", f"{bucket}/toolkit/output/x"),
+        ("s3:PutObject", f"{bucket}/other-prefix/models/x"),
+        ("s3:GetObject", f"{bucket}/{models}/x"),
+        ("s3:DeleteObject", f"{bucket}/{models}/x"),
+        ("s3:PutObject", "arn:aws:s3:::someone-elses-bucket/toolkit/models/x"),
+        ("kms:ScheduleKeyDeletion", f"arn:aws:kms:us-west-2:{stack.account}:key/0000-key"),
+        ("kms:GenerateDataKey", f"arn:aws:kms:us-west-2:{stack.account}:key/other-key"),
+        ("iam:PassRole", f"arn:aws:iam::{stack.account}:role/toolkit-sagemaker-execution"),
+    ):
+        assert not role.allows(action, resource), (action, resource)
+    key = f"arn:aws:kms:us-west-2:{stack.account}:key/0000-key"
+    for action in ("kms:GenerateDataKey", "kms:Decrypt"):  # SSE-KMS uploads, multipart ones too
+        assert role.allows(action, key) is kms, action
+
+
+def test_the_export_service_account_lands_in_the_written_config():
+    values = {"RoleArn": "arn:aws:iam::1:role/r", "BucketName": "b", "ExportServiceAccount": "exporter",
+              "TrainingRepositoryUri": "1.dkr.ecr.us-west-2.amazonaws.com/toolkit-training"}  # fmt: skip
+    written = yaml.safe_load(infra.config_overlay("gpt-oss-20b-lora", values, "us-west-2"))
+    assert written["hyperpod"] == {"image_repository": "toolkit-training", "service_account": "exporter"}

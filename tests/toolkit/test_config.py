@@ -15,7 +15,9 @@ from toolkit.entrypoints.settings import from_hyperparameters, to_hyperparameter
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-ENV = {"AWS_ACCOUNT_ID": "123456789012"}
+ECR = "123456789012.dkr.ecr.us-west-2.amazonaws.com"
+ENV = {"AWS_ACCOUNT_ID": "123456789012", "TRAINING_IMAGE": f"{ECR}/toolkit-training:train-0123456789ab"}
+EKS_EXAMPLE = REPO / "examples" / "gpt-oss-120b-hyperpod-eks.yaml"
 
 
 def test_presets_are_the_documented_ones():
@@ -38,6 +40,47 @@ def test_every_preset_validates(preset):
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_validates(example):
     assert load_config(example, env=ENV).name
+
+
+def built_training_image() -> str:
+    """The URI `toolkit image build training -c gpt-oss-120b-lora` prints (its content-hash tag), built nowhere."""
+    from toolkit.deploy.image import build_context, context_tag, image_spec
+
+    spec = image_spec(load_config("gpt-oss-120b-lora", ["aws.region=us-west-2"]), "training")
+    with build_context("training") as context:
+        tag = context_tag(context, spec.base_image, spec.tag_prefix)
+    return f"123456789012.dkr.ecr.us-west-2.amazonaws.com/{spec.repository}:{tag}"
+
+
+def test_the_eks_example_runs_the_image_the_build_prints():
+    image = built_training_image()
+    assert load_config(EKS_EXAMPLE, env={**ENV, "TRAINING_IMAGE": image}).hyperpod.image == image
+    latest = image.rsplit(":", 1)[0] + ":latest"
+    refusal = r"hyperpod.image: tag 'latest' of .*/toolkit-training, an immutable .* use the tag it prints"
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(EKS_EXAMPLE, env={**ENV, "TRAINING_IMAGE": latest})
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"hyperpod.image={ECR}/toolkit-training:latest", f"hyperpod.image={ECR}/toolkit-training:v1",
+     f"hyperpod.image={ECR}/toolkit-training", f"hyperpod.image={ECR}/toolkit-training:serve-0123456789ab",
+     f"training_job.image_uri={ECR}/toolkit-training:latest", f"serving.image_uri={ECR}/toolkit-serving:latest"],
+)  # fmt: skip
+def test_a_mutable_tag_on_the_stacks_immutable_repositories_is_refused(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0] + ": tag"):
+        load_config("gpt-oss-20b-lora", [override])
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"hyperpod.image={ECR}/my-own-images:latest", f"hyperpod.image={ECR}/toolkit-training@sha256:{'a' * 64}",
+     f"hyperpod.image={ECR}/tk-training:train-0123456789ab", "serving.image_uri=localhost:5000/toolkit-serving",
+     "hyperpod.image=localhost:5000/toolkit-training:latest"],
+)  # fmt: skip
+def test_other_repositories_and_digests_keep_any_tag(override):
+    overrides = [override, "hyperpod.image_repository=tk-training"] if "tk-training:train" in override else [override]
+    assert load_config("gpt-oss-20b-lora", overrides)
 
 
 def test_databricks_recipe_settings():

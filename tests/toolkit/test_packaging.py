@@ -56,6 +56,7 @@ def test_the_wheel_owns_only_the_toolkit_import_name(wheel):
         "toolkit/resources/containers/serving/Dockerfile",
         "toolkit/resources/containers/serving/serve.py",
         "toolkit/resources/containers/training/Dockerfile",
+        "toolkit/resources/containers/training/check_base.py",
         "toolkit/entrypoints/requirements-mlflow.txt",
         "toolkit/resources/infra/toolkit.yaml",
         "toolkit/presets/tiny-gpt-oss-local.yaml",

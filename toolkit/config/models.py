@@ -12,6 +12,26 @@ from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
 
 TargetName = Literal["local", "training-job", "hyperpod"]
+# The tags `toolkit image build` pushes into the stack's immutable repositories: `<prefix>-<content hash>`.
+IMAGE_TAG_PREFIXES = {"serving": "serve", "training": "train"}
+CONTENT_TAG_DIGITS = 12
+# Every image field that may name one of those repositories: (field, the field naming the repository, the image).
+IMMUTABLE_IMAGE_FIELDS = [
+    ("hyperpod.image", "hyperpod.image_repository", "training"),
+    ("training_job.image_uri", "hyperpod.image_repository", "training"),
+    ("serving.image_uri", "serving.repository", "serving"),
+]
+
+
+def in_ecr_repository(image: str | None, repository: str | None) -> bool:
+    """Whether `image` (registry/repository[:tag|@digest]) is in the ECR repository named `repository`."""
+    if not image:
+        return False
+    path = image.split("@", 1)[0]
+    if ":" in path.rsplit("/", 1)[-1]:
+        path = path.rpartition(":")[0]
+    host, _, name = path.partition("/")
+    return ".dkr.ecr." in host and name == repository
 
 
 def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
@@ -110,7 +130,8 @@ class HyperPodTarget(StrictModel):
     service_account: str | None = Field(
         None,
         description="EKS: the service account of the pod that exports a run's model from FSx to S3 for `toolkit "
-        "deploy` (it needs s3:PutObject on aws.bucket, through IRSA or EKS Pod Identity); default: the namespace's.",
+        "deploy` (`toolkit infra deploy --export-eks-cluster` gives one its S3 role through EKS Pod Identity); "
+        "default: the namespace's.",
     )
     kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
     queue: str | None = Field(None, description="Kueue local queue.")
@@ -301,6 +322,44 @@ class Config(TrainSettings):
                 "training_job.security_group_ids"
             )
         return self
+
+    @model_validator(mode="after")
+    def _built_images_by_their_tag(self) -> Config:
+        """The stack's repositories are immutable and hold only content-hash tags: `:latest` (or any other tag)
+        would be pulled from nothing (ImagePullBackOff on EKS, a failed job or endpoint)."""
+        for field, repository_field, kind in IMMUTABLE_IMAGE_FIELDS:
+            image = self._field(field)
+            if not image or "@sha256:" in image:
+                continue
+            path, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+            prefix = IMAGE_TAG_PREFIXES[kind]
+            if not in_ecr_repository(image, self._field(repository_field)):
+                continue  # another registry or repository: its tags are its own
+            if not re.fullmatch(rf"{prefix}-[0-9a-f]{{{CONTENT_TAG_DIGITS}}}", tag):
+                raise ValueError(
+                    f"{field}: tag {tag or '(none)'!r} of {path}, an immutable repository that holds only the tags "
+                    f"`toolkit image build {kind}` pushes ({prefix}-<content hash>): use the tag it prints"
+                )
+        return self
+
+    def runs_the_built_training_image(self) -> bool:
+        """training_job.image_uri is `toolkit image build training`'s image: the locked stack is in it, so the job
+        installs nothing at start."""
+        return in_ecr_repository(self.training_job.image_uri, self.hyperpod.image_repository)
+
+    @model_validator(mode="after")
+    def _vpc_job_installs_nothing(self) -> Config:
+        if self.target == "training-job" and self.training_job.subnets and not self.runs_the_built_training_image():
+            raise ValueError(
+                "training_job.subnets: a job in your VPC would pip-install the training stack from PyPI at start, "
+                "which fails without a NAT route: set training_job.image_uri to the URI `toolkit image build "
+                "training` prints (the stack is in it; the job installs nothing)"
+            )
+        return self
+
+    def _field(self, dotted: str) -> str | None:
+        section, name = dotted.split(".")
+        return getattr(getattr(self, section), name)
 
     @model_validator(mode="after")
     def _data_bucket_is_readable(self) -> Config:

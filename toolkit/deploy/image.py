@@ -27,8 +27,9 @@ from typing import Literal
 
 from toolkit import aws
 from toolkit.config import Config
+from toolkit.config.models import CONTENT_TAG_DIGITS, IMAGE_TAG_PREFIXES
 from toolkit.deploy import DeployError
-from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_DOCKERFILE, TRAINING_LOCK
+from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_BASE_CHECK, TRAINING_DOCKERFILE, TRAINING_LOCK
 
 ImageKind = Literal["serving", "training"]
 ECR_HOST = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
@@ -60,7 +61,7 @@ class ImageSpec:
 
     @property
     def tag_prefix(self) -> str:
-        return {"serving": "serve", "training": "train"}[self.kind]
+        return IMAGE_TAG_PREFIXES[self.kind]
 
 
 def image_spec(config: Config, kind: ImageKind) -> ImageSpec:
@@ -82,7 +83,7 @@ def build_context(kind: ImageKind) -> Iterator[Path]:
         yield SERVING_CONTEXT
         return
     with tempfile.TemporaryDirectory(prefix="toolkit-training-image-") as assembled:
-        for source in (TRAINING_DOCKERFILE, TRAINING_LOCK, MLFLOW_LOCK):
+        for source in (TRAINING_DOCKERFILE, TRAINING_LOCK, MLFLOW_LOCK, TRAINING_BASE_CHECK):
             shutil.copy(source, Path(assembled) / source.name)
         yield Path(assembled)
 
@@ -91,7 +92,7 @@ def context_tag(context: Path, base_image: str | None, prefix: str = "serve") ->
     digest = hashlib.sha256((base_image or "").encode())
     for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
-    return f"{prefix}-" + digest.hexdigest()[:12]
+    return f"{prefix}-" + digest.hexdigest()[:CONTENT_TAG_DIGITS]
 
 
 def login(config: Config) -> Registry:

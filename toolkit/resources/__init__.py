@@ -12,6 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SERVING_CONTEXT = HERE / "containers" / "serving"  # the serving image's build context
 TRAINING_DOCKERFILE = HERE / "containers" / "training" / "Dockerfile"  # + the lock files: its build context
+TRAINING_BASE_CHECK = HERE / "containers" / "training" / "check_base.py"  # keeps the base's torch, or stops
 INFRA_TEMPLATE = HERE / "infra" / "toolkit.yaml"  # the CloudFormation stack
 ENTRYPOINTS_DIR = HERE.parent / "entrypoints"  # what runs in the training container (the code channel)
 ENTRYPOINT = ENTRYPOINTS_DIR / "train.py"

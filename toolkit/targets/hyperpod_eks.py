@@ -273,13 +273,14 @@ class EksJob(Job):
             time.sleep(poll_seconds)
 
 
-# Runs in the export pod (the training image: Python + boto3, the pod's AWS role); argv: model dir, bucket, prefix
+# Runs in the export pod (the training image: Python + boto3, the pod's AWS role); argv: model dir, bucket, prefix,
+# region
 EXPORT_SCRIPT = """
 import pathlib, sys, boto3
-source, bucket, prefix = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].rstrip("/")
+source, bucket, prefix, region = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].rstrip("/"), sys.argv[4]
 if not (source / "run.json").is_file():
     sys.exit(f"no completed run in {source}: run.json is missing")
-s3 = boto3.client("s3")
+s3 = boto3.client("s3", region_name=region)
 files = sorted(p for p in source.rglob("*") if p.is_file())
 for number, path in enumerate(files, 1):
     s3.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(source).as_posix()}")
@@ -298,7 +299,8 @@ def export_job(config: Config, run_id: str, bucket: str, prefix: str) -> dict[st
         "restartPolicy": "Never",
         "containers": [{
             "name": "export", "image": hp.image,
-            "command": ["python3", "-c", EXPORT_SCRIPT, str(job_dir(config) / "model"), bucket, prefix],
+            "command": ["python3", "-c", EXPORT_SCRIPT, str(job_dir(config) / "model"), bucket, prefix,
+                        config.aws.region],
             "volumeMounts": [{"name": "fsx", "mountPath": hp.fsx.mount_path, "readOnly": True}],
         }],
         "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": hp.fsx.claim}}],
@@ -319,7 +321,7 @@ def export_model(config: Config, dry_run: bool = False, poll_seconds: float = 5)
     from toolkit import aws
 
     aws.require(config.aws, "bucket")
-    base = f"{config.aws.prefix}/models/{config.name}"
+    base = aws.model_prefix(config.aws.prefix, config.name)
     if dry_run:  # the run's id is the cluster's: named, not looked up
         return f"s3://{config.aws.bucket}/{base}/<uid of the completed {config.hyperpod.eks_job_kind}>/"
     state = ORCHESTRATOR.attach(config, config.name).status()

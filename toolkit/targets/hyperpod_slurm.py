@@ -75,7 +75,22 @@ def supports_auto_resume() -> bool:
     return "--auto-resume" in shown.stdout + shown.stderr
 
 
-def sbatch_script(config: Config, auto_resume: bool | None = None) -> str:
+def has_gpu_gres(sinfo_gres: str | None = None) -> bool:
+    """Whether the cluster's nodes have GPU GRES configured (sinfo's %G column: `gpu:8`, `gpu:h100:8(S:0-1)`,
+    `(null)`, ...). A GPU request to a cluster without it is refused at sbatch ("Invalid generic resource (gres)
+    specification"); there, whole nodes (--exclusive) give the job its GPUs. Without the Slurm tools (a dry run
+    elsewhere) the request is kept."""
+    if sinfo_gres is None:
+        if not shutil.which("sinfo"):
+            return True
+        shown = subprocess.run(["sinfo", "--noheader", "--format=%G"], capture_output=True, text=True)
+        if shown.returncode != 0:
+            return True
+        sinfo_gres = shown.stdout
+    return any(item.split(":")[0] == "gpu" for line in sinfo_gres.split() for item in line.split(","))
+
+
+def sbatch_script(config: Config, auto_resume: bool | None = None, gpu_gres: bool | None = None) -> str:
     hp = config.hyperpod
     root = job_dir(config)
     procs = max(hp.gpus_per_node or 0, 1)
@@ -89,7 +104,7 @@ def sbatch_script(config: Config, auto_resume: bool | None = None) -> str:
     ]
     if not auto_resume:  # a failed node ends the job; Slurm starts it again and the entrypoint resumes
         lines.append("#SBATCH --requeue")
-    if hp.gpus_per_node:
+    if hp.gpus_per_node and (has_gpu_gres() if gpu_gres is None else gpu_gres):
         lines.append(f"#SBATCH --gpus-per-node={hp.gpus_per_node}")
     if hp.exclusive:  # whole nodes, and all of their memory (the recipes launcher does the same)
         lines += ["#SBATCH --exclusive", "#SBATCH --mem=0"]

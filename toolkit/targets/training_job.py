@@ -22,7 +22,7 @@ from typing import Any
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import HF_TOKEN_SECRET_ENV, to_hyperparameters
+from toolkit.entrypoints.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
 
@@ -115,7 +115,7 @@ def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, 
                 f"training_job.hf_token_secret: no secret named {secret!r} in {config.aws.region}: create it with "
                 f"`aws secretsmanager create-secret --name {secret} --secret-string <token>`"
             ) from None
-    return {HF_TOKEN_SECRET_ENV: secret}
+    return {HF_TOKEN_SECRET_ENV: secret, AWS_REGION_ENV: config.aws.region}
 
 
 @dataclass
@@ -229,9 +229,10 @@ class TrainingJobTarget(Target):
                 f"logs {running} --follow -c CONFIG`, stop it with `toolkit jobs stop {running} -c CONFIG`, or pass "
                 "--fresh to start another job beside it"
             )
-        trainer, boto_session = self._trainer(config, dry_run=False)
+        job_name = _unique_job_name(config)
+        trainer, boto_session = self._trainer(config, dry_run=False, job_name=job_name)
         try:
-            with _signal_relay_as_pid1():
+            with _signal_relay_as_pid1(), _job_named(job_name):
                 trainer.train(wait=False, logs=False)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
@@ -280,15 +281,16 @@ class TrainingJobTarget(Target):
         return None
 
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
-        trainer, _ = self._trainer(config, dry_run=dry_run)
+        job_name = _unique_job_name(config)
+        trainer, _ = self._trainer(config, dry_run=dry_run, job_name=job_name)
         try:
-            with _signal_relay_as_pid1():
+            with _signal_relay_as_pid1(), _job_named(job_name):
                 request = trainer._create_training_job_args(boto3=True)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
         return request
 
-    def _trainer(self, config: Config, dry_run: bool):
+    def _trainer(self, config: Config, dry_run: bool, job_name: str):
         aws.require(config.aws, "role", "bucket")
         boto_session = aws.offline_session(config.aws) if dry_run else aws.session(config.aws)
         _opt_out_of_sdk_telemetry()
@@ -329,7 +331,8 @@ class TrainingJobTarget(Target):
             source_code=SourceCode(
                 source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")), config)),
                 entry_script="entrypoints/train.py",
-                requirements="requirements.txt",
+                # the built training image holds the locked stack: nothing to install (nor any network at start)
+                requirements=None if config.runs_the_built_training_image() else "requirements.txt",
             ),
             distributed=Torchrun(process_count_per_node=instance(job.instance_type, "training_job.instance_type").gpus),
             compute=Compute(
@@ -353,7 +356,11 @@ class TrainingJobTarget(Target):
                 kms_key_id=job.kms_key_id,
                 compression_type="NONE",
             ),
-            checkpoint_config=CheckpointConfig(local_path="/opt/ml/checkpoints"),
+            # under the prefix the stack's lifecycle rule expires (the SDK's default puts the config name first)
+            checkpoint_config=CheckpointConfig(
+                local_path="/opt/ml/checkpoints",
+                s3_uri=f"s3://{config.aws.bucket}/{aws.checkpoint_prefix(config.aws.prefix, config.name, job_name)}",
+            ),
             input_data_config=[InputData(channel_name=name, data_source=uri) for name, uri in channels.items()],
             hyperparameters=to_hyperparameters(config.train_settings()),
             environment=environment,
@@ -403,6 +410,28 @@ def _signal_relay_as_pid1():
         yield
     finally:
         model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS = entrypoint, arguments
+
+
+def _unique_job_name(config: Config) -> str:
+    """The job's name, by the SDK's own rule (config name + timestamp), chosen before the request is built so
+    that the checkpoint location can carry it."""
+    from sagemaker.train.utils import _get_unique_name
+
+    return _get_unique_name(config.name)
+
+
+@contextlib.contextmanager
+def _job_named(name: str):
+    """The SDK names the job while it builds the request (module function `_get_unique_name`): it takes `name`
+    for that call only."""
+    from sagemaker.train import model_trainer
+
+    unique_name = model_trainer._get_unique_name
+    model_trainer._get_unique_name = lambda base, max_length=63: name
+    try:
+        yield
+    finally:
+        model_trainer._get_unique_name = unique_name
 
 
 def _dry_run_session_class():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import boto3
 import pytest
@@ -101,10 +102,12 @@ def test_the_training_image_holds_the_lock_and_the_elastic_agent(engine, aws_env
     assert in_image(read + "/opt/toolkit/requirements-mlflow.txt") == MLFLOW_LOCK.read_text()
     agent = next(line for line in TRAINING_DOCKERFILE.read_text().splitlines() if "ELASTIC_AGENT_VERSION=" in line)
     pinned = agent.split("=", 1)[1]
-    assert in_image(read + "/opt/python3-calls").strip() == (
-        "-m pip install --no-cache-dir -r /opt/toolkit/requirements.txt -r /opt/toolkit/requirements-mlflow.txt "
-        f"hyperpod-elastic-agent=={pinned}"
-    )
+    lock = "-r /opt/toolkit/requirements.txt -r /opt/toolkit/requirements-mlflow.txt"
+    assert in_image(read + "/opt/python3-calls").strip().splitlines() == [  # the base's torch checked first
+        f"-m pip install --dry-run --quiet --report /tmp/toolkit-plan.json {lock} hyperpod-elastic-agent=={pinned}",
+        "/opt/toolkit/check_base.py /tmp/toolkit-plan.json",
+        f"-m pip install --no-cache-dir {lock} hyperpod-elastic-agent=={pinned}",
+    ]
     again = CliRunner().invoke(app, [*args, "--json"])  # unchanged content: nothing built
     assert again.exit_code == 0 and json.loads(again.stdout)["image_uri"] == image
 
@@ -170,3 +173,53 @@ def test_deploy_builds_pushes_and_serves_that_image(engine, registry_config, aws
     tag = context_tag(SERVING_CONTEXT, BASE)
     assert image == f"{engine.registry_url.removeprefix('http://')}/toolkit-serving:{tag}"
     assert tag_exists(login(cfg), "toolkit-serving", tag)  # the endpoint's image is in the registry
+
+
+def wheel(directory: Path, name: str, version: str, requires: list[str]) -> None:
+    """A minimal wheel pip can resolve and install (METADATA, WHEEL, RECORD), for an offline index."""
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    files = {
+        f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}.dist-info/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{dist}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(directory / f"{dist}-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+@pytest.mark.parametrize("agent_torch, refused", [("torch<2.12.0,>=2.4.0", True), ("torch>=2.4.0", False)])
+def test_the_build_stops_when_the_base_torch_is_outside_the_agents_range(tmp_path, agent_torch, refused):
+    """The Dockerfile's first step, for real: pip's dry-run report of the install, then check_base.py, in an
+    environment whose torch plays the base's (this venv's 2.13.0). The index is offline: a stand-in agent with the
+    real agent's torch requirement (hyperpod-elastic-agent 1.1.3: torch<2.12.0,>=2.4.0) and a torch 2.11.0."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    from toolkit.resources import TRAINING_BASE_CHECK
+
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel(index, "hyperpod-elastic-agent", "1.1.3", [agent_torch])
+    wheel(index, "torch", "2.11.0", [])
+    plan = tmp_path / "plan.json"
+    dry_run = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(plan), "--no-index",
+         "--find-links", str(index), "hyperpod-elastic-agent==1.1.3"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert dry_run.returncode == 0, dry_run.stderr
+    checked = subprocess.run([sys.executable, str(TRAINING_BASE_CHECK), str(plan)], capture_output=True, text=True)
+    if not refused:
+        assert checked.returncode == 0 and checked.stderr == ""
+        return
+    assert checked.returncode == 1
+    (line,) = checked.stderr.splitlines()
+    assert line == (
+        f"the base image's torch {version('torch')} is outside what hyperpod-elastic-agent 1.1.3 "
+        f"(torch<2.12.0,>=2.4.0) accepts (pip would install torch 2.11.0): choose a base image "
+        "(hyperpod.base_image) whose torch is in that range"
+    )

@@ -1,10 +1,12 @@
 """HyperPod on Slurm for real: a two-node Slurm cluster on this machine runs the toolkit's own sbatch script,
-torchrun across both nodes (gloo on CPU), the real entrypoint on the tiny gpt-oss. Not covered: GPUs/GRES,
+torchrun across both nodes (gloo on CPU), the real entrypoint on the tiny gpt-oss; a second cluster with a GPU
+GRES (its device /dev/null) checks the GPU request. Not covered: real GPUs,
 pyxis containers and FSx itself (a local directory stands in for the shared filesystem)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -13,7 +15,7 @@ from tests import slurm_cluster
 from toolkit.config import load_config
 from toolkit.targets.base import Status, TargetError
 from toolkit.targets.hyperpod import TARGET
-from toolkit.targets.hyperpod_slurm import SlurmJob, SlurmQueryError, sbatch_script
+from toolkit.targets.hyperpod_slurm import SlurmJob, SlurmQueryError, has_gpu_gres, sbatch_script
 
 pytestmark = [
     pytest.mark.integration,
@@ -42,7 +44,7 @@ def config(shared, *overrides):
 
 
 def test_script_has_the_cluster_settings(tmp_path):
-    script = sbatch_script(config(tmp_path, "hyperpod.gpus_per_node=8", "hyperpod.image=registry/img:1"))
+    script = sbatch_script(config(tmp_path, "hyperpod.gpus_per_node=8", "hyperpod.image=registry/img:1"), gpu_gres=True)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --exclusive" in script
     assert "--nproc-per-node=8" in script and "--rdzv-backend=c10d" in script
     assert f"--container-image=registry/img:1 --container-mounts={tmp_path}:{tmp_path}" in script
@@ -75,6 +77,44 @@ def test_auto_resume_only_where_the_cluster_has_it(tmp_path, monkeypatch):
     assert supports_auto_resume()
     script = sbatch_script(config(tmp_path))
     assert "srun --auto-resume=1 --kill-on-bad-exit=1" in script and "--requeue" not in script
+
+
+def sbatch_test_only(script: str, path) -> subprocess.CompletedProcess:
+    """sbatch --test-only: slurmctld validates the job against the cluster and schedules nothing."""
+    path.write_text(script)
+    return subprocess.run(["sbatch", "--test-only", str(path)], capture_output=True, text=True)
+
+
+def test_no_gpu_request_where_the_cluster_has_no_gpu_gres(slurm, tmp_path):
+    cfg = config(tmp_path, "hyperpod.gpus_per_node=1")
+    assert not has_gpu_gres()  # this cluster, as HyperPod clusters without GRES: sinfo's %G is (null)
+    detected = sbatch_script(cfg, auto_resume=False)
+    assert "--gpus-per-node" not in detected and "--nproc-per-node=1" in detected
+    assert sbatch_test_only(detected, tmp_path / "detected.sh").returncode == 0
+    forced = sbatch_test_only(sbatch_script(cfg, auto_resume=False, gpu_gres=True), tmp_path / "forced.sh")
+    assert forced.returncode != 0 and "gres" in forced.stderr.lower(), forced.stderr  # what users hit before
+
+
+def test_the_gpu_request_where_the_cluster_has_gpu_gres(slurm, tmp_path, tmp_path_factory, monkeypatch):
+    gres_cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm-gres"), gpu_gres=True).start()
+    try:
+        monkeypatch.setenv("SLURM_CONF", str(gres_cluster.conf))
+        assert has_gpu_gres()
+        script = sbatch_script(config(tmp_path, "hyperpod.gpus_per_node=1"), auto_resume=False)
+        assert "#SBATCH --gpus-per-node=1" in script
+        accepted = sbatch_test_only(script, tmp_path / "job.sh")
+        assert accepted.returncode == 0, accepted.stderr
+    finally:
+        gres_cluster.stop()
+
+
+@pytest.mark.parametrize(
+    "column, has_gpus",
+    [("(null)\n", False), ("gpu:8(S:0-1)\n", True), ("gpu:h100:8\n(null)\n", True), ("mps:100,gpu:4\n", True),
+     ("mps:100\n", False), ("", False)],
+)  # fmt: skip
+def test_gpu_gres_is_read_from_sinfos_gres_column(column, has_gpus):
+    assert has_gpu_gres(column) is has_gpus
 
 
 def test_pyxis_gets_the_image_in_enroots_form():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -253,7 +254,7 @@ def test_dry_run_is_offline_and_creates_nothing(aws_env, tmp_path):
     request = json.loads(result.stdout)
     assert_valid("sagemaker", "CreateTrainingJob", request)
     assert request["ResourceConfig"]["InstanceType"] == "ml.p5.48xlarge"
-    assert request["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token"}  # the name, not a token
+    assert request["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token", "TOOLKIT_AWS_REGION": "us-east-1"}
     assert keys() == {}
     assert boto3.client("sagemaker").list_training_jobs()["TrainingJobSummaries"] == []
 
@@ -307,7 +308,8 @@ def test_the_hf_token_stays_in_secrets_manager(aws_env, monkeypatch):
 
     monkeypatch.setattr(toolkit.aws, "session", spying_session)
     job = TARGET.submit(config(aws_env, "training_job.hf_token_secret=hf-token"))
-    assert sent["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token"} and read_values == []
+    assert sent["Environment"] == {"TOOLKIT_HF_TOKEN_SECRET": "hf-token", "TOOLKIT_AWS_REGION": "us-east-1"}
+    assert read_values == []  # the secret's name and region, not a token
     described = json.dumps(job.describe(), default=str)
     assert token not in json.dumps(sent) and token not in described and "hf_eeee" not in json.dumps(sent)
     missing = config(aws_env, "training_job.hf_token_secret=no-such-secret")
@@ -338,7 +340,8 @@ def test_fsx_source_becomes_a_mounted_channel(aws_env):
     with pytest.raises(ConfigError, match="set training_job.subnets"):
         config(aws_env, "target=training-job", "data.source=fsx://fs-0abc/fsx/datasets/chat")
     cfg = config(aws_env, "target=training-job", "data.source=fsx://fs-0abc/fsx/datasets/chat",
-                 "training_job.subnets=[subnet-1]", "training_job.security_group_ids=[sg-1]")  # fmt: skip
+                 "training_job.subnets=[subnet-1]", "training_job.security_group_ids=[sg-1]",
+                 f"training_job.image_uri={BUILT_IMAGE}")  # fmt: skip
     request = json.loads(TARGET.render(cfg))
     train = next(c for c in request["InputDataConfig"] if c["ChannelName"] == "train")
     assert train["DataSource"]["FileSystemDataSource"] == {
@@ -346,6 +349,28 @@ def test_fsx_source_becomes_a_mounted_channel(aws_env):
         "DirectoryPath": "/fsx/datasets/chat",
     }  # fmt: skip
     assert request["VpcConfig"] == {"SecurityGroupIds": ["sg-1"], "Subnets": ["subnet-1"]}
+
+
+BUILT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-training:train-0123456789ab"
+VPC = ["target=training-job", "training_job.subnets=[subnet-1]", "training_job.security_group_ids=[sg-1]"]
+
+
+def installs_at_start(cfg) -> bool:
+    trainer, _ = TARGET._trainer(cfg, dry_run=True, job_name="x")
+    shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
+    return trainer.source_code.requirements is not None
+
+
+def test_a_vpc_job_must_run_the_built_image_and_installs_nothing(aws_env):
+    from toolkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"training_job.subnets: a job in your VPC would pip-install .* set "
+                       r"training_job.image_uri to the URI `toolkit image build training` prints"):  # fmt: skip
+        config(aws_env, *VPC)
+    with pytest.raises(ConfigError, match="training_job.subnets: a job in your VPC"):  # a DLC is no built image
+        config(aws_env, *VPC, "training_job.image_uri=763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2")
+    assert not installs_at_start(config(aws_env, *VPC, f"training_job.image_uri={BUILT_IMAGE}"))
+    assert installs_at_start(config(aws_env, "target=training-job"))  # the DLC: the locked stack at start
 
 
 def test_data_prepared_to_s3_becomes_the_jobs_train_channel(aws_env, tmp_path):
