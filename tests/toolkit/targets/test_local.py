@@ -168,3 +168,12 @@ def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
     )
     trained = [p for n, p in adapted.named_parameters() if "lora_B" in n]
     assert trained and any(float(p.abs().sum()) > 0 for p in trained)  # the full adapter was gathered, not a shard
+    # killed during the merge: the re-run trains nothing and merges the adapter it had published
+    shutil.rmtree(root / "model" / "merged")
+    (root / "model" / "run.json").unlink()
+    lines = []
+    state = toolkit.train(config).wait(lines.append)
+    assert state.status is Status.COMPLETED, "\n".join(lines[-30:])
+    assert "training already finished at step 4" in "\n".join(lines)
+    assert not any(line.startswith("[metrics]") for line in lines)
+    assert (root / "model" / "merged" / "config.json").exists()
