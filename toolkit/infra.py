@@ -16,13 +16,18 @@ import yaml
 
 from toolkit import aws
 from toolkit.config.models import AwsSettings
+from toolkit.errors import BadInput, Failed
 from toolkit.resources import INFRA_TEMPLATE as TEMPLATE
 
 DONE = ("_COMPLETE", "_FAILED")
 
 
-class InfraError(Exception):
-    """The stack could not be deployed or destroyed; the message names the resource and the reason."""
+class InfraError(Failed):
+    """The stack could not be deployed or destroyed (exit 1); the message names the resource and the reason."""
+
+
+class InfraInputError(BadInput, InfraError):
+    """Bad input or a missing stack (exit 2; still an InfraError)."""
 
 
 @dataclass
@@ -41,7 +46,7 @@ def _stack(cfn, name: str) -> dict | None:
     try:
         return cfn.describe_stacks(StackName=name)["Stacks"][0]
     except cfn.exceptions.ClientError as exc:
-        if "does not exist" in str(exc):
+        if aws.is_missing(exc):
             return None
         raise
 
@@ -196,7 +201,7 @@ def _failure(events: list[dict]) -> str:
 def outputs(settings: AwsSettings, stack: str) -> dict[str, str]:
     current = _stack(_cfn(settings), stack)
     if current is None:
-        raise InfraError(f"no stack named {stack}: run `toolkit infra deploy` first")
+        raise InfraInputError(f"no stack named {stack}: run `toolkit infra deploy` first")
     return {o["OutputKey"]: o["OutputValue"] for o in current.get("Outputs", [])}
 
 

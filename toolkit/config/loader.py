@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from toolkit.config.models import Config
+from toolkit.errors import BadInput
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Values that look like credentials: they belong in Secrets Manager or the environment, never here.
@@ -33,7 +34,7 @@ _SECRET_SHAPES = {
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class ConfigError(Exception):
+class ConfigError(BadInput):
     """A config that cannot be used; `str()` is the message to show the user."""
 
 

@@ -15,6 +15,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolkit.errors import BadInput
+
 if TYPE_CHECKING:
     from toolkit.config import Config
 
@@ -122,8 +124,8 @@ def job_requirements(config: Config) -> str:
     return text
 
 
-class TargetError(Exception):
-    """The target cannot run this job; the message says why and what to do."""
+class TargetError(BadInput):
+    """The target cannot run this job (exit 2); the message says why and what to do."""
 
 
 def get_target(name: str) -> Target:
