@@ -239,18 +239,7 @@ class TrainingSettings(StrictModel):
                 "training.report_to lists mlflow but training.mlflow.tracking_uri is not set: name the tracking "
                 "server (a job's local mlruns directory is lost when the job ends)"
             )
-        if self.mlflow is not None and "mlflow" not in self.report_to:
-            raise ValueError("training.mlflow is set but training.report_to does not list mlflow: add it")
-        return self
-
-    @model_validator(mode="after")
-    def _scheduler_floor(self) -> TrainingSettings:
-        if self.lr_scheduler != "cosine_with_min_lr" and self.min_lr_rate != 0.1:
-            raise ValueError(
-                "training.min_lr_rate only applies to lr_scheduler 'cosine_with_min_lr': "
-                "remove it or change the scheduler"
-            )
-        return self
+        return self  # where mlflow, min_lr_rate, fsdp_sharding apply: toolkit.config.applicability (checked at submit)
 
 
 class TrainSettings(StrictModel):

@@ -21,7 +21,12 @@ class AwsError(BadInput):
 
 
 def partition(region: str) -> str:
-    """The ARN partition of a region."""
+    """The ARN partition of a region: botocore's partition data, else by the region's prefix."""
+    from toolkit.config.names import known_regions
+
+    known = (known_regions() or {}).get(region)
+    if known:
+        return known
     if region.startswith("cn-"):
         return "aws-cn"
     if region.startswith("us-gov-"):

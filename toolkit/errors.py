@@ -23,6 +23,20 @@ class Failed(Exception):
     """An operation that was started failed (exit 1): the input was fine, the run was not."""
 
 
+SHOWN_VALUE_CHARS = 80  # a value echoed in a message is cut to this: a 5,000-character value is not the message
+
+
+def brief(value: object, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """A value as a message shows it: its repr, cut to `limit` characters; a section by its keys, never its repr."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        value = dump(exclude_defaults=True)
+    if isinstance(value, dict):
+        return "a section with " + (", ".join(map(str, value)) or "defaults only")
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text)} characters)"
+
+
 # AWS error codes that a lookup by name gets when the name names nothing. SageMaker answers a missing model,
 # endpoint (config) or training job with ValidationException and CloudFormation a missing stack with
 # ValidationError (their only input is the name); `toolkit.aws.is_missing` reads this table, nothing reads text.

@@ -16,6 +16,7 @@ import yaml
 
 from toolkit import aws
 from toolkit.config.models import AwsSettings
+from toolkit.config.names import bucket_name_problem
 from toolkit.errors import BadInput, Failed
 from toolkit.resources import INFRA_TEMPLATE as TEMPLATE
 
@@ -96,6 +97,10 @@ def parameters(
     settings: AwsSettings, name_prefix: str, kms: bool, hf_token_secret: str, data_buckets: list[str], vpc: bool
 ) -> dict[str, str]:
     """The stack's parameters; each extra data bucket becomes its bucket and objects ARNs (read-only access)."""
+    for name in data_buckets:
+        problem = bucket_name_problem(name)
+        if problem:
+            raise InfraInputError(f"--data-bucket: {problem}")
     partition = aws.partition(settings.region)
     arns = [arn for name in data_buckets for arn in (f"arn:{partition}:s3:::{name}", f"arn:{partition}:s3:::{name}/*")]
     return {
