@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
@@ -138,6 +138,15 @@ class DataSettings(StrictModel):
         description="Tokens the loss trains: the assistant's analysis + final (default), or every token, as the "
         "Databricks recipe does (TRL's default on a messages column).",
     )
+
+    @field_validator("source")
+    @classmethod
+    def _names_something(cls, value: str) -> str:
+        if not value.strip():  # an empty path would read the working directory
+            raise ValueError(
+                f"data.source is empty: name a file, directory, s3:// URI, hub dataset or {SAMPLE_DATASET}"
+            )
+        return value
 
 
 class LoraSettings(StrictModel):

@@ -12,6 +12,8 @@ import functools
 import ipaddress
 import re
 
+from toolkit.errors import brief
+
 _BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # Prefixes and suffixes S3 reserves (access point, Object Lambda, Multi-Region, directory and table bucket names)
 _BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
@@ -23,19 +25,19 @@ def bucket_name_problem(name: str) -> str | None:
     """What S3 would refuse in a bucket name, said with the fix; None for a valid one."""
     if _URI.match(name) or "/" in name:
         bucket = _URI.sub("", name).split("/", 1)[0]
-        return f"{name!r} is a URI or path: write a bucket name, not a URI (e.g. {bucket!r})"
+        return f"{brief(name)} is a URI or path: write a bucket name, not a URI (e.g. {bucket!r})"
     rules = "3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit"
     if not _BUCKET_CHARS.fullmatch(name) or ".." in name:
-        return f"{name!r} is not a valid S3 bucket name: {rules}, no '..'"
+        return f"{brief(name)} is not a valid S3 bucket name: {rules}, no '..'"
     try:
         ipaddress.IPv4Address(name)
-        return f"{name!r} is not a valid S3 bucket name: it must not be formatted as an IP address"
+        return f"{brief(name)} is not a valid S3 bucket name: it must not be formatted as an IP address"
     except ValueError:
         pass
     reserved = [p for p in _BUCKET_RESERVED_PREFIXES if name.startswith(p)]
     reserved += [s for s in _BUCKET_RESERVED_SUFFIXES if name.endswith(s)]
     if reserved:
-        return f"{name!r} is not a valid S3 bucket name: S3 reserves {reserved[0]!r} for other kinds of names"
+        return f"{brief(name)} is not a valid S3 bucket name: S3 reserves {reserved[0]!r} for other kinds of names"
     return None
 
 
@@ -65,7 +67,7 @@ def region_problem(region: str) -> str | None:
     regions = known_regions()
     if regions is None:
         shaped = re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", region)
-        return None if shaped else f"{region!r} is not an AWS region name (like us-east-1, eu-west-2)"
+        return None if shaped else f"{brief(region)} is not an AWS region name (like us-east-1, eu-west-2)"
     if region in regions:
         return None
     import difflib
@@ -73,7 +75,7 @@ def region_problem(region: str) -> str | None:
     close = difflib.get_close_matches(region, list(regions), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     some = ", ".join(sorted(regions)[:4])
-    return f"{region!r} is not an AWS region (botocore's partition data has {len(regions)}: {some}, ...){hint}"
+    return f"{brief(region)} is not an AWS region (botocore's partition data has {len(regions)}: {some}, ...){hint}"
 
 
 _K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -92,6 +94,6 @@ def k8s_name_problem(name: str, kind: str = "subdomain") -> str | None:
     dots = ", '-' and '.'" if kind == "subdomain" else " and '-'"
     lowered = re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.")
     return (
-        f"{name!r} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
+        f"{brief(name)} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
         f"starting and ending with a letter or digit), e.g. {lowered!r}"
     )
