@@ -154,3 +154,37 @@ def test_a_closed_endpoint_url_fails_after_few_attempts(monkeypatch):
     with pytest.raises(EndpointConnectionError):
         s3.list_buckets()
     assert len(attempts) <= 2 and time.monotonic() - started < 3
+
+
+def test_every_toolkit_error_says_its_exit_code_by_its_base():
+    """A new error class must pick BadInput (2) or Failed (1), so its exit code is the cause's, not a guess."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import toolkit
+    from toolkit.entrypoints.data import DataError
+    from toolkit.errors import BadInput, Failed
+
+    skip = ("toolkit.entrypoints", "toolkit.cli")  # the entrypoints run without the toolkit: DataError is mapped
+    classes = set()
+    for module in pkgutil.walk_packages(toolkit.__path__, "toolkit."):
+        if module.name.startswith(skip):
+            continue
+        for _, cls in inspect.getmembers(importlib.import_module(module.name), inspect.isclass):
+            public = not cls.__name__.startswith("_")  # a private one is caught where it is raised (loader)
+            if issubclass(cls, Exception) and cls.__module__.startswith("toolkit.") and public:
+                classes.add(cls)
+    assert classes, "found no error classes"
+    unmapped = sorted(c.__qualname__ for c in classes - {BadInput, Failed} if not issubclass(c, BadInput | Failed))
+    assert not unmapped, f"derive these from toolkit.errors.BadInput or Failed: {unmapped}"
+    assert not issubclass(DataError, BadInput | Failed)  # mapped by name in errors.classify instead
+    # an area's other kind names its base first: the first of the two in the class's MRO decides
+    from toolkit.deploy import DeployError, DeployInputError
+    from toolkit.errors import classify
+    from toolkit.targets.base import TargetError, TargetFailed
+
+    codes = {
+        cls: (classify(cls("x")) or (0, ""))[0] for cls in (DeployError, DeployInputError, TargetError, TargetFailed)
+    }
+    assert codes == {DeployError: 1, DeployInputError: 2, TargetError: 2, TargetFailed: 1}

@@ -31,7 +31,7 @@ _SECRET_SHAPES = {
 }
 
 
-class DuplicateKey(yaml.YAMLError):
+class _DuplicateKey(yaml.YAMLError):
     """A mapping that names a key twice: YAML loaders keep the last one silently."""
 
     def __init__(self, key: object, first: int, second: int) -> None:
@@ -50,7 +50,7 @@ class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignor
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, str | int | float | bool) and key in lines:
-                raise DuplicateKey(key, lines[key], line)
+                raise _DuplicateKey(key, lines[key], line)
             lines[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -100,7 +100,7 @@ def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) ->
     label, text = read_source(source)
     try:
         raw = yaml.load(text, Loader=_YamlLoader)
-    except DuplicateKey as exc:
+    except _DuplicateKey as exc:
         raise ConfigError(f"{label}: {exc}; keep one (the second would silently replace the first)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
@@ -182,7 +182,7 @@ def _apply_override(raw: dict, item: str) -> None:
         raise ConfigError(f"--set {item!r}: write it as section.field=value, e.g. lora.r=16")
     try:
         value = yaml.load(text, Loader=_YamlLoader)
-    except DuplicateKey as exc:
+    except _DuplicateKey as exc:
         raise ConfigError(f"--set {brief(item)}: {exc.args[0].split(' (')[0]}; keep one") from None
     except yaml.YAMLError:
         value = text
