@@ -56,3 +56,19 @@ def test_long_values_are_shortened_and_sections_are_not_echoed(tmp_path):
     output = refused(validate("tiny-gpt-oss-local", "--set", "hyperpod.namespace=Team_A", cwd=tmp_path),
                      "hyperpod.namespace: 'Team_A' is not a Kubernetes object name")  # fmt: skip
     assert "HyperPodTarget(" not in output and "(got" not in output and "hyperpod: hyperpod." not in output, output
+
+
+def test_no_text_field_echoes_a_long_value_whole():
+    """Every text field of the schema, given 5,000 characters: whatever the check says, it shows at most ~80 of them
+    (a new message that echoes its value whole fails here)."""
+    from tests.toolkit.test_applicability import _fields
+    from toolkit.config import Config, ConfigError, load_config
+
+    long = "x" * 5000
+    for path, field, _ in _fields(Config):
+        if field.annotation not in (str, str | None):
+            continue
+        try:
+            load_config("tiny-gpt-oss-local", [f"{path}={long}", "target=hyperpod", "hyperpod.cluster=c"])
+        except ConfigError as exc:
+            assert "x" * 100 not in str(exc), f"{path}: {str(exc)[:300]}"

@@ -12,6 +12,7 @@ from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
 from toolkit.config.names import bucket_name_problem, bucket_of, k8s_name_problem, region_problem
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
+from toolkit.errors import brief
 
 TargetName = Literal["local", "training-job", "hyperpod"]
 
@@ -21,11 +22,11 @@ def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
     try:
         used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
     except ValueError as exc:
-        raise ValueError(f"{field}: {value!r} is not a valid template ({exc}); write {{ as {{{{") from None
+        raise ValueError(f"{field}: {brief(value)} is not a valid template ({exc}); write {{ as {{{{") from None
     unknown = sorted(used - set(allowed))
     if unknown:
         raise ValueError(
-            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {value!r}; "
+            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {brief(value)}; "
             f"allowed: {', '.join('{' + a + '}' for a in allowed)}"
         )
     return value
@@ -236,7 +237,8 @@ class ServingSettings(StrictModel):
             )
         if self.model_data and not self.model_data.startswith("s3://"):
             raise ValueError(
-                f"serving.model_data: {self.model_data!r} is not an s3:// URI (a model.tar.gz or a prefix ending in /)"
+                f"serving.model_data: {brief(self.model_data)} is not an s3:// URI (a model.tar.gz or a prefix "
+                "ending in /)"
             )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
@@ -317,14 +319,14 @@ class Config(TrainSettings):
         for field, uri in (("data.source", self.data.source), ("serving.model_data", self.serving.model_data)):
             problem = bucket_name_problem(bucket_of(uri)) if uri and uri.startswith("s3://") else None
             if problem:
-                raise ValueError(f"{field}: the bucket of {uri!r}: {problem}")
+                raise ValueError(f"{field}: the bucket of {brief(uri)}: {problem}")
         source = self.data.source
         if self.target != "training-job" or not source.startswith("s3://") or not self.aws.bucket:
             return self
         bucket = bucket_of(source)
         if bucket != self.aws.bucket and bucket not in self.aws.data_buckets:
             raise ValueError(
-                f"data.source is in bucket {bucket!r}, which the execution role cannot read: add it to "
+                f"data.source is in bucket {brief(bucket)}, which the execution role cannot read: add it to "
                 f"aws.data_buckets and grant it with `toolkit infra deploy --data-bucket {bucket}`"
             )
         return self

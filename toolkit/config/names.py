@@ -92,8 +92,8 @@ def k8s_name_problem(name: str, kind: str = "subdomain") -> str | None:
     if len(name) <= limit and pattern.fullmatch(name):
         return None
     dots = ", '-' and '.'" if kind == "subdomain" else " and '-'"
-    lowered = re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-.")
+    lowered = re.sub(r"[^a-z0-9.-]+", "-", name.lower())[:limit].strip("-.")
     return (
         f"{brief(name)} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
-        f"starting and ending with a letter or digit), e.g. {lowered!r}"
+        f"starting and ending with a letter or digit), e.g. {brief(lowered)}"
     )
