@@ -261,5 +261,5 @@ def destroy(settings: AwsSettings, stack: str, force: bool, on_event: Callable[[
         try:
             s3.delete_bucket(Bucket=bucket)
         except s3.exceptions.ClientError as exc:
-            if "NoSuchBucket" not in str(exc):
+            if not aws.is_missing(exc):  # by its code: already gone is what we want
                 raise
