@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class PrepareReport:
     bad_rows: list[tuple[int, str]] = field(default_factory=list)
     dropped_overlong: int = 0
     truncated: int = 0
+    dropped_untrained: int = 0  # truncated rows with no trained token left (all prompt): nothing to learn from
     lengths: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -41,6 +43,7 @@ class PrepareReport:
             "bad_rows_skipped": len(self.bad_rows),
             "overlong_dropped": self.dropped_overlong,
             "overlong_truncated": self.truncated,
+            "untrained_dropped": self.dropped_untrained,
             "tokens": sum(lengths),
             "tokens_min": lengths[0],
             "tokens_median": int(statistics.median(lengths)),
@@ -59,8 +62,12 @@ def load_rows(source: str | Path, split: str = "train"):
     if path.is_dir() and any((path / marker).exists() for marker in ("state.json", "dataset_dict.json")):
         loaded = datasets.load_from_disk(str(path))
         return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise DataError(
+            f"{source}: not a regular file or directory (a pipe, socket or device): save the rows to a file"
+        )
     if path.exists():
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        files = [path] if path.is_file() else data_files(path)
         json_files = [p for p in files if p.suffix in (".jsonl", ".json")]
         if json_files:
             return read_json_rows(source, json_files)
@@ -71,7 +78,10 @@ def load_rows(source: str | Path, split: str = "train"):
                     return datasets.load_dataset(kind, data_files=matching, split="train")
                 except Exception as exc:
                     raise DataError(f"{source}: cannot read {kind} data: {_first_line(exc)}") from exc
-        raise DataError(f"{source}: no .jsonl, .json, .parquet or save_to_disk dataset found")
+        raise DataError(
+            f"{source}: no .jsonl, .json, .parquet or save_to_disk dataset found (a directory is read for "
+            f"{', '.join('*' + s for s in DIRECTORY_SUFFIXES)} files outside hidden directories)"
+        )
     if str(source).startswith("s3://"):
         raise DataError(f"{source}: S3 data must be downloaded first (the toolkit maps it to a channel)")
     try:
@@ -80,9 +90,27 @@ def load_rows(source: str | Path, split: str = "train"):
         raise DataError(f"{source}: not a local path, and loading it from the hub failed: {_first_line(exc)}") from exc
 
 
+FORMATS = typing.get_args(DataSettings.model_fields["format"].annotation)
+DIRECTORY_SUFFIXES = (".jsonl", ".parquet")  # what a directory source reads; a .json array only when named itself
+
+
+def data_files(directory: Path) -> list[Path]:
+    """The data files under a directory source: JSON Lines and Parquet files, none in a hidden directory nor
+    hidden themselves (a checkout's .venv/ or .git/ is not data), regular files only."""
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.suffix in DIRECTORY_SUFFIXES
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+    )
+
+
 class Rows(list):
     """Rows read line by line (JSON Lines): a line that is not UTF-8 or not JSON becomes a bad row with its line
     number, so one broken line fails with a reason (or is skipped with data.skip_bad_rows) instead of the file."""
+
+    places: list[str]  # where each row came from: "rows.jsonl line 7", for every message about a row
 
     @property
     def column_names(self) -> list[str]:
@@ -91,6 +119,7 @@ class Rows(list):
 
 def read_json_rows(source: str | Path, files: list[Path]) -> Rows:
     rows = Rows()
+    rows.places = []
     for file in files:
         raw = file.read_bytes()
         if file.suffix == ".json" and raw.lstrip()[:1] == b"[":  # one JSON array of rows
@@ -103,6 +132,7 @@ def read_json_rows(source: str | Path, files: list[Path]) -> Rows:
             lines = [(f"line {n}", line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
         for where, item in lines:
             rows.append(_parse_row(item, f"{file.name} {where}"))
+            rows.places.append(f"{file.name} {where}")
     if not rows:
         raise DataError(f"{source}: no rows (the file is empty)")
     return rows
@@ -208,17 +238,25 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     if is_tokenized(dataset):
         return _enforce_length(dataset.select_columns(list(TOKENIZED_COLUMNS)), settings, report)
     conversations = []
+    places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
             conversations.append(to_messages(row, settings.format))
         except ValueError as exc:
-            report.bad_rows.append((index, str(exc)))
+            where = places[index] if places else f"row {index}"
+            reason = str(exc)  # a row that did not parse says where already
+            report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
     if report.bad_rows and not settings.skip_bad_rows:
-        shown = "; ".join(f"row {i}: {why}" for i, why in report.bad_rows[:5])
+        shown = "; ".join(why for _, why in report.bad_rows[:5])
         more = f" (and {len(report.bad_rows) - 5} more)" if len(report.bad_rows) > 5 else ""
+        fix = (  # every row bad is a format mismatch, not bad rows: skipping them would leave none
+            f"Check data.format (one of {', '.join(FORMATS)})"
+            if len(report.bad_rows) == report.rows_in
+            else "Fix them, or set data.skip_bad_rows: true"
+        )
         raise DataError(
             f"{len(report.bad_rows)} of {report.rows_in} rows are not valid {settings.format!r} rows: "
-            f"{shown}{more}. Fix them, or set data.skip_bad_rows: true"
+            f"{shown}{more}. {fix}"
         )
     import datasets
 
@@ -258,10 +296,17 @@ def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):
     elif overlong:
         dataset = dataset.map(lambda row: {k: row[k][:limit] for k in TOKENIZED_COLUMNS})
         report.truncated = len(overlong)
+        untrained = [i for i in overlong if all(label == IGNORE_INDEX for label in dataset[i]["labels"])]
+        if untrained:  # the prompt alone filled max_length: the row would train on nothing
+            dataset = dataset.select(sorted(set(range(len(lengths))) - set(untrained)))
+            report.dropped_untrained = len(untrained)
+            gone = set(untrained)
+            lengths = [n for i, n in enumerate(lengths) if i not in gone]
     report.lengths = [min(n, limit) for i, n in enumerate(lengths) if settings.overlong == "truncate" or n <= limit]
     if len(dataset) == 0:
         raise DataError(
             f"no rows left to train on ({report.rows_in} in, {len(report.bad_rows)} bad, "
-            f"{report.dropped_overlong} longer than data.max_length={limit})"
+            f"{report.dropped_overlong} longer than data.max_length={limit}, "
+            f"{report.dropped_untrained} with no trained token left after truncation)"
         )
     return dataset

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
@@ -155,6 +155,15 @@ class DataSettings(StrictModel):
         "Databricks recipe does (TRL's default on a messages column).",
     )
 
+    @field_validator("source")
+    @classmethod
+    def _names_something(cls, value: str) -> str:
+        if not value.strip():  # an empty path would read the working directory
+            raise ValueError(
+                f"data.source is empty: name a file, directory, s3:// URI, hub dataset or {SAMPLE_DATASET}"
+            )
+        return value
+
 
 class LoraSettings(StrictModel):
     """The LoRA adapter (PEFT)."""
@@ -256,18 +265,7 @@ class TrainingSettings(StrictModel):
                 "training.report_to lists mlflow but training.mlflow.tracking_uri is not set: name the tracking "
                 "server (a job's local mlruns directory is lost when the job ends)"
             )
-        if self.mlflow is not None and "mlflow" not in self.report_to:
-            raise ValueError("training.mlflow is set but training.report_to does not list mlflow: add it")
-        return self
-
-    @model_validator(mode="after")
-    def _scheduler_floor(self) -> TrainingSettings:
-        if self.lr_scheduler != "cosine_with_min_lr" and self.min_lr_rate != 0.1:
-            raise ValueError(
-                "training.min_lr_rate only applies to lr_scheduler 'cosine_with_min_lr': "
-                "remove it or change the scheduler"
-            )
-        return self
+        return self  # where mlflow, min_lr_rate, fsdp_sharding apply: toolkit.config.applicability (checked at submit)
 
 
 class TrainSettings(StrictModel):

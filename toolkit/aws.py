@@ -10,16 +10,23 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolkit.errors import MISSING, BadInput
+
 if TYPE_CHECKING:
     from toolkit.config.models import AwsSettings
 
 
-class AwsError(Exception):
+class AwsError(BadInput):
     """An AWS precondition or call failed; the message says what to do."""
 
 
 def partition(region: str) -> str:
-    """The ARN partition of a region."""
+    """The ARN partition of a region: botocore's partition data, else by the region's prefix."""
+    from toolkit.config.names import known_regions
+
+    known = (known_regions() or {}).get(region)
+    if known:
+        return known
     if region.startswith("cn-"):
         return "aws-cn"
     if region.startswith("us-gov-"):
@@ -81,15 +88,37 @@ def offline_session(settings: AwsSettings):
     return _every_client_at(made, settings.endpoint_url)
 
 
+# AWS's own endpoints: ride out throttling (adaptive backoff). An endpoint override (an emulator, a proxy) that
+# refuses connections would only be retried into the same refusal for ~7 s: there, 2 attempts. Connecting to an
+# AWS endpoint takes milliseconds, so a host that does not answer within seconds is not there (botocore: 60 s).
+RETRIES = {
+    "aws": {"total_max_attempts": 9, "mode": "adaptive"},
+    "override": {"total_max_attempts": 2, "mode": "standard"},
+}
+CONNECT_TIMEOUT_SECONDS = 5
+
+
 def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any:
     from botocore.config import Config as BotoConfig
 
     made = boto_session or session(settings)
+    url = endpoint_url(settings)
     return made.client(
         service,
-        endpoint_url=endpoint_url(settings),
-        config=BotoConfig(retries={"max_attempts": 8, "mode": "adaptive"}, user_agent_appid="toolkit"),
+        endpoint_url=url,
+        config=BotoConfig(
+            retries=dict(RETRIES["override" if url else "aws"]),  # a copy: botocore edits it
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            user_agent_appid="toolkit",
+        ),
     )
+
+
+def is_missing(exc: BaseException) -> bool:
+    """Whether a lookup by name failed because the name names nothing: by AWS's error code
+    (`toolkit.errors.MISSING`), never by message text. Only for calls whose one input is the name."""
+    response = getattr(exc, "response", None)
+    return isinstance(response, dict) and str(response.get("Error", {}).get("Code")) in MISSING
 
 
 def require(settings: AwsSettings, *fields: str) -> None:
@@ -145,7 +174,7 @@ def upload_complete(s3: Any, bucket: str, prefix: str) -> bool:
         s3.head_object(Bucket=bucket, Key=f"{prefix.rstrip('/')}/{UPLOAD_MARKER}")
         return True
     except s3.exceptions.ClientError as exc:
-        if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+        if not is_missing(exc):
             raise
         return False
 

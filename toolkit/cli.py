@@ -164,8 +164,8 @@ def data_prepare(
         if key not in ("output", "bad_rows"):
             table.add_row(key, str(value))
     out.print(table)
-    for index, reason in report["bad_rows"][:10]:
-        err.print(f"[yellow]skipped row {index}:[/] {reason}", highlight=False)
+    for _, reason in report["bad_rows"][:10]:
+        err.print(f"[yellow]skipped[/] {reason}", highlight=False)  # the reason names file and line
     out.print(f"saved to {report['output']} (set data.source to it to train on it)", highlight=False)
 
 

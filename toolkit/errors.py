@@ -3,6 +3,10 @@
 Exit codes: 0 success; 1 the job or operation failed (a training job, a deployment, an AWS call that AWS
 refused for a reason other than the input); 2 bad input or a missing resource (config, data, arguments, a
 bucket/job/secret that does not exist, credentials, an endpoint that cannot be reached); 130 interrupted.
+The code follows the cause, chosen where the error is raised: every toolkit error is a `BadInput` or a
+`Failed`: an area's error class is one of them, and the area's other kind names the other base first, e.g.
+`DeployInputError(BadInput, DeployError)` (exit 2, and SDK callers still catch DeployError). AWS errors are
+classified by their error code alone, never by message text.
 The CLI applies it once, around every command (`toolkit.cli`); SDK callers get the exceptions themselves.
 """
 
@@ -10,12 +14,41 @@ from __future__ import annotations
 
 FAILED, BAD_INPUT, INTERRUPTED = 1, 2, 130
 
-# AWS error codes that mean "the input names something that is not there, or is malformed"
-MISSING_OR_INVALID = {
+
+class BadInput(Exception):
+    """Bad input or a missing resource (exit 2): the user changes the input or creates the resource."""
+
+
+class Failed(Exception):
+    """An operation that was started failed (exit 1): the input was fine, the run was not."""
+
+
+SHOWN_VALUE_CHARS = 80  # a value echoed in a message is cut to this: a 5,000-character value is not the message
+
+
+def brief(value: object, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """A value as a message shows it: its repr, cut to `limit` characters; a section by its keys, never its repr."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        value = dump(exclude_defaults=True)
+    if isinstance(value, dict):
+        return "a section with " + (", ".join(map(str, value)) or "defaults only")
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text)} characters)"
+
+
+# AWS error codes that a lookup by name gets when the name names nothing. SageMaker answers a missing model,
+# endpoint (config) or training job with ValidationException and CloudFormation a missing stack with
+# ValidationError (their only input is the name); `toolkit.aws.is_missing` reads this table, nothing reads text.
+MISSING = {
     "NoSuchBucket", "NoSuchKey", "404", "NotFound", "ResourceNotFoundException", "ResourceNotFound",
-    "ValidationException", "ValidationError", "InvalidBucketName", "NoSuchEntity", "RepositoryNotFoundException",
-    "AccessDenied", "AccessDeniedException", "UnrecognizedClientException", "InvalidClientTokenId",
-    "ExpiredToken", "ExpiredTokenException", "AuthFailure",
+    "ValidationException", "ValidationError", "NoSuchEntity", "RepositoryNotFoundException",
+    "ImageNotFoundException",
+}  # fmt: skip
+# AWS error codes that mean "the input names something that is not there, is malformed, or may not be used"
+MISSING_OR_INVALID = MISSING | {
+    "InvalidBucketName", "AccessDenied", "AccessDeniedException", "UnrecognizedClientException",
+    "InvalidClientTokenId", "ExpiredToken", "ExpiredTokenException", "AuthFailure", "403",
 }  # fmt: skip
 HINTS = {
     "NoSuchBucket": "create it with `toolkit infra deploy`, or set aws.bucket to an existing bucket",
@@ -29,19 +62,15 @@ HINTS = {
 
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for a failure the toolkit knows, or None for a bug (which keeps its traceback)."""
-    from toolkit.aws import AwsError
-    from toolkit.config import ConfigError
-    from toolkit.deploy import DeployError
-    from toolkit.entrypoints.data import DataError
-    from toolkit.infra import InfraError
-    from toolkit.targets.base import TargetError
+    from toolkit.entrypoints.data import DataError  # the entrypoints run without the toolkit: no base class there
 
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED, "interrupted"
-    if isinstance(exc, ConfigError | DataError | AwsError | TargetError):
+    if isinstance(exc, DataError):
         return BAD_INPUT, str(exc)
-    if isinstance(exc, DeployError | InfraError):
-        return FAILED, str(exc)
+    kind = next((base for base in type(exc).__mro__ if base in (BadInput, Failed)), None)
+    if kind is not None:  # the first of the two in the class's bases decides: DeployInputError(BadInput, DeployError)
+        return (BAD_INPUT if kind is BadInput else FAILED), str(exc)
     return _classify_cloud(exc)
 
 

@@ -16,13 +16,19 @@ import yaml
 
 from toolkit import aws
 from toolkit.config.models import AwsSettings
+from toolkit.config.names import bucket_name_problem
+from toolkit.errors import BadInput, Failed
 from toolkit.resources import INFRA_TEMPLATE as TEMPLATE
 
 DONE = ("_COMPLETE", "_FAILED")
 
 
-class InfraError(Exception):
-    """The stack could not be deployed or destroyed; the message names the resource and the reason."""
+class InfraError(Failed):
+    """The stack could not be deployed or destroyed (exit 1); the message names the resource and the reason."""
+
+
+class InfraInputError(BadInput, InfraError):
+    """Bad input or a missing stack (exit 2; still an InfraError)."""
 
 
 @dataclass
@@ -41,7 +47,7 @@ def _stack(cfn, name: str) -> dict | None:
     try:
         return cfn.describe_stacks(StackName=name)["Stacks"][0]
     except cfn.exceptions.ClientError as exc:
-        if "does not exist" in str(exc):
+        if aws.is_missing(exc):
             return None
         raise
 
@@ -108,6 +114,10 @@ def parameters(
 ) -> dict[str, str]:
     """The stack's parameters; each extra data bucket becomes its bucket and objects ARNs (read-only access)."""
     export = export or ExportRole()
+    for name in data_buckets:
+        problem = bucket_name_problem(name)
+        if problem:
+            raise InfraInputError(f"--data-bucket: {problem}")
     partition = aws.partition(settings.region)
     arns = [arn for name in data_buckets for arn in (f"arn:{partition}:s3:::{name}", f"arn:{partition}:s3:::{name}/*")]
     return {
@@ -228,7 +238,7 @@ def _failure(events: list[dict]) -> str:
 def outputs(settings: AwsSettings, stack: str) -> dict[str, str]:
     current = _stack(_cfn(settings), stack)
     if current is None:
-        raise InfraError(f"no stack named {stack}: run `toolkit infra deploy` first")
+        raise InfraInputError(f"no stack named {stack}: run `toolkit infra deploy` first")
     return {o["OutputKey"]: o["OutputValue"] for o in current.get("Outputs", [])}
 
 
@@ -285,5 +295,5 @@ def destroy(settings: AwsSettings, stack: str, force: bool, on_event: Callable[[
         try:
             s3.delete_bucket(Bucket=bucket)
         except s3.exceptions.ClientError as exc:
-            if "NoSuchBucket" not in str(exc):
+            if not aws.is_missing(exc):  # by its code: already gone is what we want
                 raise

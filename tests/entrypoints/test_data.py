@@ -75,7 +75,8 @@ def test_bad_rows_are_reported_with_index_and_reason(tokenizer, tmp_path):
     with pytest.raises(DataError) as caught:
         prepare(load_rows(path), tokenizer, settings())
     message = str(caught.value)
-    assert "2 of 4 rows" in message and "row 1: field 'final'" in message and "row 3: field 'user'" in message
+    assert "2 of 4 rows" in message and "rows.jsonl line 2: field 'final'" in message  # file and line, 1-based
+    assert "rows.jsonl line 4: field 'user'" in message
     assert "data.skip_bad_rows" in message
 
     report = PrepareReport()

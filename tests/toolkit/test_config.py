@@ -184,7 +184,7 @@ BROKEN = [
     ({"hyperpod": {"job_dir": "/fsx/{user}/x"}}, "hyperpod.job_dir: unknown placeholder(s) {user}"),
     ({"serving": {"model_data": "/tmp/model"}}, "serving.model_data: '/tmp/model' is not an s3:// URI"),
     ({"aws": {"bucket": "My_Bucket"}}, "aws.bucket: 'My_Bucket' is not a valid S3 bucket name"),
-    ({"aws": {"region": "us-east1"}}, "aws.region: 'us-east1' is not an AWS region name"),
+    ({"aws": {"region": "us-east1"}}, "aws.region: 'us-east1' is not an AWS region"),
     ({"serving": {"max_model_len": 256}}, "serving.max_model_len (256) is below data.max_length (512)"),
     ({"training_job": {"tags": {"k": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}}}, "an AWS secret access key"),
     (
@@ -192,7 +192,7 @@ BROKEN = [
         "serving.volume_size_gb: ml.g6e.12xlarge serves from its NVMe instance storage",
     ),
     ({"training": {"report_to": ["mlflow"]}}, "training.mlflow.tracking_uri is not set"),
-    ({"training": {"mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}}, "training.report_to does not list mlflow"),
+    ({"training": {"mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}}, "training.mlflow: a section with"),
     ({"training": {"report_to": ["mlflow"], "mlflow": {"tracking_uri": "mlflow.example.com"}}}, "tracking_uri"),
     (
         {"model": {"id": "openai/gpt-oss-20b"}, "serving": {"max_model_len": 200000}},

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -85,3 +87,104 @@ def test_a_local_job_that_does_not_exist(tmp_path):
     for verb in ("status", "logs", "stop"):
         result = toolkit("jobs", verb, "nope", "-c", "tiny-gpt-oss-local", "--target", "local", cwd=tmp_path)
         one_line_error(result, 2, "no such local job 'nope'")
+
+
+def readme_exit_codes() -> dict[str, int]:
+    """The README's one map, read from the README itself: the test fails when the code and the map part ways."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.findall(r"(\d+) (the job or operation failed|bad input or a missing resource)", text)
+    codes = {cause: int(code) for code, cause in found}
+    assert len(codes) == 2, "README.md's exit-code map moved: update this test's pattern"
+    return {"failed": codes["the job or operation failed"], "bad input": codes["bad input or a missing resource"]}
+
+
+@pytest.mark.integration
+def test_exit_codes_follow_the_cause(aws_env, tmp_path):
+    """Each kind of failure through the CLI, against the moto server (moto has no streaming route: its 404 stands
+    in for SageMaker's ValidationException for an endpoint that does not exist; both are codes in errors.MISSING)."""
+    import requests
+
+    config = tmp_path / "job.yaml"
+    config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"
+                      "serving: {instance_type: ml.g5.xlarge}\n")  # fmt: skip
+    image = ["--image-uri", "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:1"]
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    cases = [  # (cause, command, what the line says)
+        ("bad input", ["deploy", str(config), *image], "no completed training job"),
+        ("bad input", ["deploy", str(config), "--model-data", f"s3://{aws_env['bucket']}/m/"],
+         "ECR repository toolkit-serving does not exist"),
+        ("bad input", ["deploy", str(config), "--target", "local"], "no trained model in"),
+        ("bad input", ["deploy", str(config), "--model-data", "foo", *image], "is not an s3:// URI"),
+        ("bad input", ["invoke", str(config), "hi", "--target", "local", "--set", f"serving.local_port={closed}"],
+         "cannot reach"),
+        ("bad input", ["invoke", str(config), "hi"], "InvokeEndpointWithResponseStream failed"),
+        ("bad input", ["infra", "outputs", "-c", str(config)], "no stack named toolkit"),
+        ("bad input", ["endpoint", "describe", "-c", str(config)], "does not exist"),
+        ("bad input", ["register", str(config)], "does not exist"),
+        ("failed", ["invoke", str(config), "hi", "--no-stream", "--check"], "has no reasoning"),
+    ]  # fmt: skip
+    reply = {"choices": [{"message": {"content": "an answer only"}, "finish_reason": "stop"}]}
+    scripted = {"results": [{"Body": json.dumps(reply), "ContentType": "application/json"}]}
+    requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json=scripted, timeout=10)
+    codes = readme_exit_codes()
+    for cause, command, fragment in cases:
+        one_line_error(toolkit(*command, cwd=tmp_path), codes[cause], fragment)
+
+
+def test_a_closed_endpoint_url_fails_after_few_attempts(monkeypatch):
+    """A wrong aws.endpoint_url is one line in about a second, not ~7 s of adaptive retries into the same refusal."""
+    import time
+
+    from botocore.exceptions import EndpointConnectionError
+
+    from toolkit import aws
+    from toolkit.config.models import AwsSettings
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    s3 = aws.client(AwsSettings(endpoint_url=f"http://127.0.0.1:{closed}"), "s3")
+    attempts = []
+    s3.meta.events.register("before-send", lambda **_: attempts.append(1))
+    started = time.monotonic()
+    with pytest.raises(EndpointConnectionError):
+        s3.list_buckets()
+    assert len(attempts) <= 2 and time.monotonic() - started < 3
+
+
+def test_every_toolkit_error_says_its_exit_code_by_its_base():
+    """A new error class must pick BadInput (2) or Failed (1), so its exit code is the cause's, not a guess."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import toolkit
+    from toolkit.entrypoints.data import DataError
+    from toolkit.errors import BadInput, Failed
+
+    skip = ("toolkit.entrypoints", "toolkit.cli")  # the entrypoints run without the toolkit: DataError is mapped
+    classes = set()
+    for module in pkgutil.walk_packages(toolkit.__path__, "toolkit."):
+        if module.name.startswith(skip):
+            continue
+        for _, cls in inspect.getmembers(importlib.import_module(module.name), inspect.isclass):
+            public = not cls.__name__.startswith("_")  # a private one is caught where it is raised (loader)
+            if issubclass(cls, Exception) and cls.__module__.startswith("toolkit.") and public:
+                classes.add(cls)
+    assert classes, "found no error classes"
+    unmapped = sorted(c.__qualname__ for c in classes - {BadInput, Failed} if not issubclass(c, BadInput | Failed))
+    assert not unmapped, f"derive these from toolkit.errors.BadInput or Failed: {unmapped}"
+    assert not issubclass(DataError, BadInput | Failed)  # mapped by name in errors.classify instead
+    # an area's other kind names its base first: the first of the two in the class's MRO decides
+    from toolkit.deploy import DeployError, DeployInputError
+    from toolkit.errors import classify
+    from toolkit.targets.base import TargetError, TargetFailed
+
+    codes = {
+        cls: (classify(cls("x")) or (0, ""))[0] for cls in (DeployError, DeployInputError, TargetError, TargetFailed)
+    }
+    assert codes == {DeployError: 1, DeployInputError: 2, TargetError: 2, TargetFailed: 1}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from toolkit.errors import brief
+
 
 class Instance(NamedTuple):
     gpus: int
@@ -97,4 +99,4 @@ def instance(name: str, field: str) -> Instance:
         return INSTANCES[name]
     except KeyError:
         known = ", ".join(sorted(INSTANCES))
-        raise ValueError(f"{field}: unknown GPU instance type {name!r}; use one of: {known}") from None
+        raise ValueError(f"{field}: unknown GPU instance type {brief(name)}; use one of: {known}") from None

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from toolkit.config.models import Config
+from toolkit.errors import BadInput, brief
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Values that look like credentials: they belong in Secrets Manager or the environment, never here.
@@ -30,10 +31,31 @@ _SECRET_SHAPES = {
 }
 
 
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping that names a key twice: YAML loaders keep the last one silently."""
+
+    def __init__(self, key: object, first: int, second: int) -> None:
+        super().__init__(f"key {key!r} is written twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
 
 
-class ConfigError(Exception):
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The safe loader, refusing duplicate keys (a second `training:` section would replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges; the mapping's own keys win
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in lines:
+                raise _DuplicateKey(key, lines[key], line)
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class ConfigError(BadInput):
     """A config that cannot be used; `str()` is the message to show the user."""
 
 
@@ -78,6 +100,8 @@ def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) ->
     label, text = read_source(source)
     try:
         raw = yaml.load(text, Loader=_YamlLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{label}: {exc}; keep one (the second would silently replace the first)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
@@ -87,6 +111,7 @@ def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) ->
     if not isinstance(raw, dict):
         raise ConfigError(f"{label}: the top level must be a mapping of sections, not {type(raw).__name__}")
     raw = _interpolate(raw, env, label, path="")
+    _anchor_data_source(raw, label)
     base = raw.pop("base", None)
     if base is None:
         return label, raw
@@ -97,8 +122,27 @@ def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) ->
     base_source = Path(label).parent / base if Path(label).is_file() and not Path(base).is_absolute() else base
     if not Path(base_source).is_file():
         base_source = base
-    _, base_raw = _load_raw(base_source, env, (*seen, str(base)))
+    try:
+        _, base_raw = _load_raw(base_source, env, (*seen, str(base)))
+    except ConfigError as exc:
+        if not str(exc).startswith(f"{base_source}: "):  # a problem inside the base file names that file
+            raise
+        raise ConfigError(f"{label}: base: {exc}") from None
     return label, _deep_merge(base_raw, raw)
+
+
+def _anchor_data_source(raw: dict, label: str) -> None:
+    """A relative data.source is read next to the file that sets it, as base: is, when it is there; otherwise as
+    written (a path from the working directory, or a hub id like org/name)."""
+    data = raw.get("data")
+    source = data.get("source") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not isinstance(source, str) or not source.strip() or not Path(label).is_file():
+        return
+    if source.startswith(("builtin:", "s3://", "fsx://", "/", "~")):
+        return
+    beside = Path(label).parent / source
+    if beside.exists():
+        data["source"] = str(beside)
 
 
 def _interpolate(node: Any, env: dict[str, str], label: str, path: str) -> Any:
@@ -137,7 +181,9 @@ def _apply_override(raw: dict, item: str) -> None:
     if not sep or not dotted:
         raise ConfigError(f"--set {item!r}: write it as section.field=value, e.g. lora.r=16")
     try:
-        value = yaml.safe_load(text)
+        value = yaml.load(text, Loader=_YamlLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"--set {brief(item)}: {exc.args[0].split(' (')[0]}; keep one") from None
     except yaml.YAMLError:
         value = text
     if _is_text_field(dotted.split(".")) and not isinstance(value, str) and not isinstance(value, list | dict):
@@ -202,9 +248,20 @@ def _format_errors(label: str, exc: ValidationError) -> str:
         elif error["type"] == "missing":
             lines.append(f"  {path}: required; add it to the file or pass --set {path}=...")
         else:
-            message = error["msg"].removeprefix("Value error, ")
-            lines.append(f"  {path}: {message} (got {error.get('input')!r})" if loc else f"  {message}")
+            lines.append(f"  {_located(path if loc else '', error)}")
     return "\n".join(lines)
+
+
+def _located(path: str, error: Any) -> str:
+    """'path: message (got value)': no second path where the message names its own field, no repr of a section
+    (a model check's input), values cut to a readable length (errors.brief)."""
+    message = error["msg"].removeprefix("Value error, ")
+    if path and not message.startswith((f"{path}.", f"{path}:", f"{path}[", f"{path} ")):
+        message = f"{path}: {message}"
+    value = error.get("input")
+    if not path or isinstance(value, dict | list | BaseModel):
+        return message
+    return f"{message} (got {brief(value)})"
 
 
 def _dotted(loc: list[str]) -> str:
@@ -216,15 +273,19 @@ def _dotted(loc: list[str]) -> str:
 
 def _suggest(loc: list[str]) -> str:
     """'; did you mean r?' for a typo, using the fields of the model that owns the bad key."""
+    import typing
+
     model: type[BaseModel] | None = Config
     for part in loc[:-1]:
         field = model.model_fields.get(part) if model else None
         annotation = field.annotation if field else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        options = typing.get_args(annotation) or (annotation,)  # `MlflowSettings | None` holds a section too
+        model = next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), None)
     if model is None:
         return ""
     import difflib
 
-    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.4)
-    valid = ", ".join(model.model_fields)
+    keys = [*model.model_fields, *(["base"] if model is Config else [])]  # base: is read before validation
+    close = difflib.get_close_matches(loc[-1], keys, n=1, cutoff=0.4)
+    valid = ", ".join(keys)
     return f"; did you mean {close[0]!r}? (valid keys: {valid})" if close else f"; valid keys: {valid}"

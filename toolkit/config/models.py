@@ -8,8 +8,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
+from toolkit.config.names import bucket_name_problem, bucket_of, k8s_name_problem, region_problem
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
+from toolkit.errors import brief
 
 TargetName = Literal["local", "training-job", "hyperpod"]
 # The tags `toolkit image build` pushes into the stack's immutable repositories: `<prefix>-<content hash>`.
@@ -39,11 +42,11 @@ def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
     try:
         used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
     except ValueError as exc:
-        raise ValueError(f"{field}: {value!r} is not a valid template ({exc}); write {{ as {{{{") from None
+        raise ValueError(f"{field}: {brief(value)} is not a valid template ({exc}); write {{ as {{{{") from None
     unknown = sorted(used - set(allowed))
     if unknown:
         raise ValueError(
-            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {value!r}; "
+            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {brief(value)}; "
             f"allowed: {', '.join('{' + a + '}' for a in allowed)}"
         )
     return value
@@ -87,8 +90,6 @@ class TrainingJobTarget(StrictModel):
                 self.max_wait_seconds = self.max_run_seconds * 2
             if self.max_wait_seconds < self.max_run_seconds:
                 raise ValueError("training_job.max_wait_seconds must be >= max_run_seconds for spot jobs")
-        elif self.max_wait_seconds is not None:
-            raise ValueError("training_job.max_wait_seconds applies only with spot: true")
         if bool(self.subnets) != bool(self.security_group_ids):
             raise ValueError("training_job.subnets and training_job.security_group_ids go together: set both")
         return self
@@ -157,6 +158,14 @@ class HyperPodTarget(StrictModel):
             self.gpus_per_node = gpus
         elif self.gpus_per_node > gpus:
             raise ValueError(f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} has {gpus} GPUs")
+        if self.orchestrator == "eks":  # Kubernetes objects by these names (the API server refuses others)
+            names = {"namespace": (self.namespace, "label"), "service_account": (self.service_account, "subdomain"),
+                     "fsx.claim": (self.fsx.claim, "subdomain"), "queue": (self.queue, "subdomain"),
+                     "priority": (self.priority, "subdomain")}  # fmt: skip
+            for field, (name, kind) in names.items():
+                problem = k8s_name_problem(name, kind) if name else None
+                if problem:
+                    raise ValueError(f"hyperpod.{field}: {problem}")
         return self
 
 
@@ -249,7 +258,8 @@ class ServingSettings(StrictModel):
             )
         if self.model_data and not self.model_data.startswith("s3://"):
             raise ValueError(
-                f"serving.model_data: {self.model_data!r} is not an s3:// URI (a model.tar.gz or a prefix ending in /)"
+                f"serving.model_data: {brief(self.model_data)} is not an s3:// URI (a model.tar.gz or a prefix "
+                "ending in /)"
             )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
@@ -276,15 +286,14 @@ class AwsSettings(StrictModel):
     def _check(self) -> AwsSettings:
         if self.role and not re.fullmatch(r"arn:aws[\w-]*:iam::\d{12}:role/.+", self.role):
             raise ValueError("aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name")
-        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", self.region):
-            raise ValueError(f"aws.region: {self.region!r} is not an AWS region name (like us-east-1, eu-west-2)")
-        if self.bucket and not (
-            re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", self.bucket) and ".." not in self.bucket
-        ):
-            raise ValueError(
-                f"aws.bucket: {self.bucket!r} is not a valid S3 bucket name: 3-63 lowercase letters, digits, dots "
-                "and hyphens, starting and ending with a letter or digit"
-            )
+        problem = region_problem(self.region)
+        if problem:
+            raise ValueError(f"aws.region: {problem}")
+        buckets = {"aws.bucket": self.bucket} | {f"aws.data_buckets[{i}]": b for i, b in enumerate(self.data_buckets)}
+        for field, bucket in buckets.items():
+            problem = bucket_name_problem(bucket) if bucket else None
+            if problem:
+                raise ValueError(f"{field}: {problem}")
         return self
 
 
@@ -307,6 +316,9 @@ class Config(TrainSettings):
     def _target_needs(self) -> Config:
         if self.target == "hyperpod" and not self.hyperpod.cluster:
             raise ValueError("target 'hyperpod' needs hyperpod.cluster: set the cluster name")
+        problem = k8s_name_problem(self.name, "label") if self.target == "hyperpod" else None
+        if problem and self.hyperpod.orchestrator == "eks":  # the job, its pods' label and ConfigMap are named so
+            raise ValueError(f"name: on EKS the job is a Kubernetes object named after the config: {problem}")
         if self.target == "training-job" and self.model.is_path:
             raise ValueError(
                 f"model.id: a training job cannot read the local directory {self.model.id}; it downloads model.id "
@@ -363,13 +375,17 @@ class Config(TrainSettings):
 
     @model_validator(mode="after")
     def _data_bucket_is_readable(self) -> Config:
+        for field, uri in (("data.source", self.data.source), ("serving.model_data", self.serving.model_data)):
+            problem = bucket_name_problem(bucket_of(uri)) if uri and uri.startswith("s3://") else None
+            if problem:
+                raise ValueError(f"{field}: the bucket of {brief(uri)}: {problem}")
         source = self.data.source
         if self.target != "training-job" or not source.startswith("s3://") or not self.aws.bucket:
             return self
-        bucket = source[len("s3://") :].split("/", 1)[0]
+        bucket = bucket_of(source)
         if bucket != self.aws.bucket and bucket not in self.aws.data_buckets:
             raise ValueError(
-                f"data.source is in bucket {bucket!r}, which the execution role cannot read: add it to "
+                f"data.source is in bucket {brief(bucket)}, which the execution role cannot read: add it to "
                 f"aws.data_buckets and grant it with `toolkit infra deploy --data-bucket {bucket}`"
             )
         return self
@@ -459,6 +475,12 @@ class Config(TrainSettings):
                 f"{serving.tensor_parallel_size} GPU(s), with too little left for the KV cache: choose a larger "
                 "serving.instance_type (e.g. ml.g6e.12xlarge for 20b, ml.p5.48xlarge for 120b)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _settings_apply_here(self) -> Config:
+        refuse_inapplicable(self)  # the one table of where settings apply (toolkit.config.applicability); last: the
+        # checks above say more about a wrong combination (e.g. a model that does not fit under ddp)
         return self
 
     def gpus(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from toolkit.errors import BadInput, Failed
+
 if TYPE_CHECKING:
     from toolkit.config import Config
 
@@ -12,8 +14,12 @@ ADAPTER_NAME = "adapter"  # the LoRA adapter's model name on the server (serving
 ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"  # selects it on SageMaker's /invocations route
 
 
-class DeployError(Exception):
-    """A deployment step failed or cannot start; the message says what to do."""
+class DeployError(Failed):
+    """A deployment step failed (exit 1); the message says what to do."""
+
+
+class DeployInputError(BadInput, DeployError):
+    """A deployment cannot start: bad input or a missing resource (exit 2; still a DeployError)."""
 
 
 def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from toolkit.deploy import ADAPTER_HEADER, DeployError
+from toolkit.deploy import ADAPTER_HEADER, DeployError, DeployInputError
 
 
 @dataclass
@@ -163,7 +163,7 @@ class ChatClient:
             except urllib.error.HTTPError as exc:
                 raise DeployError(f"{route} answered {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
             except urllib.error.URLError as exc:
-                raise DeployError(f"cannot reach {route}: {exc.reason} (is the server running?)") from None
+                raise DeployInputError(f"cannot reach {route}: {exc.reason} (is the server running?)") from None
 
         def send(body: dict) -> dict:
             with post(body) as response:

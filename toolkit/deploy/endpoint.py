@@ -16,7 +16,7 @@ from typing import Any
 
 from toolkit import aws
 from toolkit.config import Config
-from toolkit.deploy import DeployError, vllm_environment
+from toolkit.deploy import DeployError, DeployInputError, vllm_environment
 
 VARIANT = "AllTraffic"
 BUSY = {"Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting"}
@@ -41,11 +41,6 @@ class EndpointState:
 
 def endpoint_name(config: Config) -> str:
     return config.serving.endpoint_name or config.name
-
-
-def _is_missing(error: Exception) -> bool:
-    message = str(error)
-    return "Could not find" in message or "does not exist" in message or "not found" in message.lower()
 
 
 class Endpoints:
@@ -77,7 +72,7 @@ class Endpoints:
         try:
             return self.sagemaker.describe_endpoint(EndpointName=self.name)
         except ClientError as exc:
-            if _is_missing(exc):
+            if aws.is_missing(exc):
                 return None
             raise
 
@@ -88,7 +83,7 @@ class Endpoints:
             getattr(self.sagemaker, operation)(**params)
             return True
         except ClientError as exc:
-            if _is_missing(exc):
+            if aws.is_missing(exc):
                 return False
             raise
 
@@ -101,7 +96,7 @@ class Endpoints:
     def requests(self, image_uri: str, model_data: str) -> list[Request]:
         """Every request a deployment of this image and model makes, given what exists now (reads only)."""
         if self.config.serving.weights == "adapter":
-            raise DeployError(
+            raise DeployInputError(
                 "serving.weights: adapter is not built for SageMaker endpoints: SageMaker's /invocations route "
                 "selects an adapter only through inference components, which the toolkit does not create yet. "
                 "Serve the merged model (serving.weights: merged, the default), or the adapter locally with "
@@ -352,7 +347,7 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
     chosen = explicit or config.serving.model_data
     if chosen:
         if not chosen.startswith("s3://"):
-            raise DeployError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
+            raise DeployInputError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
     if config.target == "hyperpod":
         from toolkit.targets.hyperpod import model_for_serving
@@ -362,7 +357,7 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
 
     latest = TrainingJobTarget().latest_completed(config)
     if latest is None:
-        raise DeployError(
+        raise DeployInputError(
             f"no completed training job of {config.name} found: run `toolkit train {config.name} "
             "--target training-job` first, or set serving.model_data (or pass --model-data s3://...)"
         )

@@ -28,7 +28,7 @@ from typing import Literal
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.models import CONTENT_TAG_DIGITS, IMAGE_TAG_PREFIXES
-from toolkit.deploy import DeployError
+from toolkit.deploy import DeployError, DeployInputError
 from toolkit.resources import MLFLOW_LOCK, SERVING_CONTEXT, TRAINING_BASE_CHECK, TRAINING_DOCKERFILE, TRAINING_LOCK
 
 ImageKind = Literal["serving", "training"]
@@ -110,7 +110,7 @@ def repository_uri(config: Config, registry: Registry, spec: ImageSpec) -> str:
         aws.client(config.aws, "ecr").describe_repositories(repositoryNames=[name])
     except ClientError as exc:
         if exc.response["Error"]["Code"] == "RepositoryNotFoundException":
-            raise DeployError(
+            raise DeployInputError(
                 f"ECR repository {name} does not exist: run `toolkit infra deploy` (it creates toolkit-serving "
                 f"and toolkit-training) or set {field} to yours"
             ) from None
@@ -134,12 +134,14 @@ def tag_exists(registry: Registry, repository: str, tag: str) -> bool:
             return False
         raise DeployError(f"registry {registry.host} answered {exc.code} for {repository}:{tag}") from None
     except urllib.error.URLError as exc:
-        raise DeployError(f"cannot reach registry {registry.url}: {exc.reason}") from None
+        raise DeployInputError(f"cannot reach registry {registry.url}: {exc.reason}") from None
 
 
 def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None = None) -> None:
     if shutil.which("docker") is None:
-        raise DeployError("docker is not installed: install Docker to build the serving image, or pass --image-uri")
+        raise DeployInputError(
+            "docker is not installed: install Docker to build the serving image, or pass --image-uri"
+        )
     process = subprocess.Popen(
         ["docker", *args], stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -179,7 +181,7 @@ def ensure_image(
     spec = image_spec(config, kind)
     with build_context(kind) as context:
         if not (context / "Dockerfile").is_file():
-            raise DeployError(f"{context} not found: build from a toolkit checkout, or pass --image-uri")
+            raise DeployInputError(f"{context} not found: build from a toolkit checkout, or pass --image-uri")
         tag = context_tag(context, spec.base_image, spec.tag_prefix)
         registry = login(config)
         image = f"{repository_uri(config, registry, spec)}:{tag}"

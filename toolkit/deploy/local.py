@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.deploy import DeployError, vllm_environment
+from toolkit.deploy import DeployError, DeployInputError, vllm_environment
 from toolkit.deploy.client import ping
 from toolkit.resources import SERVING_CONTEXT
 
@@ -42,7 +42,7 @@ def has_vllm(python: str) -> bool:
 def serving_python(config: Config) -> str:
     python = configured_python(config)
     if not has_vllm(python):
-        raise DeployError(
+        raise DeployInputError(
             f"no vLLM in {python}: run `WITH_SERVE=1 source scripts/env.sh` (vLLM in .venv-serve), or set "
             "serving.local_python / TOOLKIT_SERVE_PYTHON to a Python that has vLLM"
         )
@@ -53,7 +53,7 @@ def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
     """The local target's output model directory (holding merged/ and adapter/)."""
     root = Path(explicit) if explicit else Path(config.local.output_dir.format(name=config.name)) / "model"
     if not (root / "merged" / "config.json").is_file() and not (root / "config.json").is_file():
-        raise DeployError(
+        raise DeployInputError(
             f"no trained model in {root}: run `toolkit train {config.name} --target local` first "
             "(with training.merge_adapter: true), or pass --model-dir"
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 from toolkit import aws
 from toolkit.config import Config
-from toolkit.deploy import DeployError, vllm_environment
+from toolkit.deploy import DeployInputError, vllm_environment
 from toolkit.deploy.endpoint import model_data_fields
 from toolkit.targets.training_job import model_artifacts
 
@@ -33,14 +33,16 @@ def _latest_job(config: Config, sagemaker: Any, job_name: str | None) -> dict:
 
         latest = TrainingJobTarget().latest_completed(config)
         if latest is None:
-            raise DeployError(
+            raise DeployInputError(
                 f"no completed training job of {config.name} found: train with --target training-job first, "
                 "or pass --job NAME"
             )
         job_name = latest.name
     job = sagemaker.describe_training_job(TrainingJobName=job_name)
     if job["TrainingJobStatus"] != "Completed":
-        raise DeployError(f"training job {job_name} is {job['TrainingJobStatus']}: only completed jobs are registered")
+        raise DeployInputError(
+            f"training job {job_name} is {job['TrainingJobStatus']}: only completed jobs are registered"
+        )
     return job
 
 

@@ -15,6 +15,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolkit.errors import BadInput, Failed
+
 if TYPE_CHECKING:
     from toolkit.config import Config
 
@@ -123,8 +125,12 @@ def job_requirements(config: Config) -> str:
     return text
 
 
-class TargetError(Exception):
-    """The target cannot run this job; the message says why and what to do."""
+class TargetError(BadInput):
+    """The target cannot run this job (exit 2); the message says why and what to do."""
+
+
+class TargetFailed(Failed, TargetError):
+    """An operation on a job that the target had accepted failed (exit 1; still a TargetError)."""
 
 
 def get_target(name: str) -> Target:

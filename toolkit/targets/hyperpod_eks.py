@@ -29,7 +29,7 @@ from toolkit.entrypoints.settings import (
     TORCHRUN_SHUTDOWN_ENV,
     to_hyperparameters,
 )
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, job_requirements, tail
 from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
 
 CODE_MOUNT = "/opt/toolkit"
@@ -339,7 +339,7 @@ def export_model(config: Config, dry_run: bool = False, poll_seconds: float = 5)
     if not aws.upload_complete(s3, bucket, prefix):
         _run_export(config, export_job(config, run_id, bucket, prefix), poll_seconds)
         if not aws.upload_complete(s3, bucket, prefix):
-            raise TargetError(f"the export job finished but s3://{bucket}/{prefix}/ is incomplete")
+            raise TargetFailed(f"the export job finished but s3://{bucket}/{prefix}/ is incomplete")
     return f"s3://{bucket}/{prefix}/"
 
 
@@ -362,7 +362,7 @@ def _run_export(config: Config, job: dict[str, Any], poll_seconds: float) -> Non
             return
         failed = [c for c in (status.conditions or []) if c.type == "Failed" and c.status == "True"] if status else []
         if failed:
-            raise TargetError(
+            raise TargetFailed(
                 f"the export job {name} failed ({failed[0].reason}: {failed[0].message}): see "
                 f"`kubectl logs job/{name} -n {namespace}`; delete it with `kubectl delete job {name}` to retry"
             )

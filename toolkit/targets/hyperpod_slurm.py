@@ -21,7 +21,7 @@ from pathlib import Path
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.entrypoints.settings import TORCHRUN_SHUTDOWN_ENV
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, complete_lines, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
 RENDEZVOUS_PORT = 29500
@@ -204,7 +204,7 @@ class SlurmJob(Job):
             return
         if cancelled.returncode != 0 or errors:
             reason = "; ".join(errors) or cancelled.stderr.strip()
-            raise TargetError(f"scancel {self.name} failed: {reason}; see `squeue -j {self.name}`")
+            raise TargetFailed(f"scancel {self.name} failed: {reason}; see `squeue -j {self.name}`")
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
         emit = on_line or (lambda line: None)

@@ -246,7 +246,7 @@ class TrainingJobTarget(Target):
         try:
             job.describe()
         except ClientError as exc:
-            if exc.response["Error"]["Code"] in ("ValidationException", "ResourceNotFound"):
+            if aws.is_missing(exc):
                 raise TargetError(
                     f"no such training job {job_name!r} in {config.aws.region}: list them with "
                     f"`toolkit jobs list -c {config.name}`"

@@ -39,6 +39,6 @@ def test_register_without_a_completed_job_says_what_to_do(aws_env, tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}'}}\n")
     result = CliRunner().invoke(app, ["register", str(path), "--image-uri", IMAGE])
-    assert result.exit_code == 1 and "no completed training job of tiny-gpt-oss-local" in result.output
+    assert result.exit_code == 2 and "no completed training job of tiny-gpt-oss-local" in result.output
     with pytest.raises(DeployError):
         sdk.register(config(aws_env), job_name=None, image_uri=IMAGE)

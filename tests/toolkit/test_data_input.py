@@ -1,0 +1,99 @@
+"""Bad data input through the CLI: one line naming the file (and line), exit 2, nothing read that is not data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.entrypoints.data import load_rows
+from toolkit.entrypoints.settings import SAMPLE_DATASET
+
+
+def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)  # fmt: skip
+
+
+def refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "Traceback" not in output
+    for fragment in fragments:
+        assert fragment in output, output
+
+
+def statistics(result: subprocess.CompletedProcess) -> dict[str, str]:
+    """The statistic -> value table `data prepare` prints."""
+    cells = [line.split("│") for line in result.stdout.splitlines() if line.count("│") == 3]
+    return {cell[1].strip(): cell[2].strip() for cell in cells}
+
+
+def sample_rows(n: int = 3) -> list[dict]:
+    return [dict(row) for row in load_rows(SAMPLE_DATASET)][:n]
+
+
+def write_config(directory: Path, source: str, *lines: str) -> Path:
+    config = directory / "job.yaml"
+    config.write_text("\n".join(["base: tiny-gpt-oss-local", "data:", f"  source: {source!r}", *lines]) + "\n")
+    return config
+
+
+@pytest.mark.parametrize("source", ["", "   "])
+def test_an_empty_source_is_refused(tmp_path, source):
+    refused(toolkit("config", "validate", str(write_config(tmp_path, source)), cwd=tmp_path), "data.source is empty")
+
+
+def test_a_directory_source_reads_its_data_files_only_and_resolves_next_to_the_config(tmp_path):
+    """data: rows.jsonl is read from next to the config (the command runs elsewhere); .venv/, .git/ and an unrelated
+    package.json are not data."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "data" / ".venv").mkdir(parents=True)
+    elsewhere.mkdir()
+    rows = sample_rows()
+    (project / "data" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (project / "data" / ".venv" / "junk.jsonl").write_text('{"not": "a row"}\n')
+    (project / "data" / ".hidden.jsonl").write_text('{"not": "a row"}\n')
+    (project / "data" / "package.json").write_text('{"name": "not data"}\n')
+    config = write_config(project, "data")
+    result = toolkit("data", "prepare", str(config), "--output", str(tmp_path / "out"), cwd=elsewhere)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert statistics(result)["rows_in"] == str(len(rows)), result.stdout
+
+
+def test_a_bad_row_names_its_file_and_line(tmp_path):
+    rows = sample_rows()
+    rows[1].pop("final")
+    rows[1].pop("messages")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
+    refused(result, "rows.jsonl line 2: field 'final' is missing", "data.skip_bad_rows")
+
+
+def test_rows_of_another_format_point_at_data_format(tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' * 3)
+    result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
+    refused(result, "3 of 3 rows", "Check data.format (one of multilingual-thinking, messages)")
+
+
+def test_a_row_left_without_trained_tokens_is_dropped_and_counted(tmp_path):
+    rows = sample_rows()
+    rows[0]["user"] = "Wie viele Minuten? " * 400  # the prompt alone is far over max_length
+    rows[0].pop("messages")
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_config(tmp_path, "rows.jsonl", "  max_length: 512", "  overlong: truncate")
+    result = toolkit("data", "prepare", str(config), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    stats = statistics(result)
+    assert stats["untrained_dropped"] == "1" and stats["rows_out"] == str(len(rows) - 1), result.stdout
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+def test_a_pipe_is_refused_plainly(tmp_path):
+    os.mkfifo(tmp_path / "rows.jsonl")
+    result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
+    refused(result, "rows.jsonl: not a regular file or directory")

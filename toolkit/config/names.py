@@ -1,0 +1,99 @@
+"""Names as AWS and Kubernetes check them, one helper per kind of name, used wherever such a name appears.
+
+Each helper returns what is wrong (a phrase to put after the field) or None. S3 bucket names follow S3's general
+purpose bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html); regions are
+the regions of botocore's own partition data (`botocore/data/partitions.json`, the table botocore resolves endpoints
+with); Kubernetes object names are RFC 1123 (lowercase), as the API server validates them.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import re
+
+from toolkit.errors import brief
+
+_BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# Prefixes and suffixes S3 reserves (access point, Object Lambda, Multi-Region, directory and table bucket names)
+_BUCKET_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_BUCKET_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+_URI = re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """What S3 would refuse in a bucket name, said with the fix; None for a valid one."""
+    if _URI.match(name) or "/" in name:
+        bucket = _URI.sub("", name).split("/", 1)[0]
+        return f"{brief(name)} is a URI or path: write a bucket name, not a URI (e.g. {bucket!r})"
+    rules = "3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit"
+    if not _BUCKET_CHARS.fullmatch(name) or ".." in name:
+        return f"{brief(name)} is not a valid S3 bucket name: {rules}, no '..'"
+    try:
+        ipaddress.IPv4Address(name)
+        return f"{brief(name)} is not a valid S3 bucket name: it must not be formatted as an IP address"
+    except ValueError:
+        pass
+    reserved = [p for p in _BUCKET_RESERVED_PREFIXES if name.startswith(p)]
+    reserved += [s for s in _BUCKET_RESERVED_SUFFIXES if name.endswith(s)]
+    if reserved:
+        return f"{brief(name)} is not a valid S3 bucket name: S3 reserves {reserved[0]!r} for other kinds of names"
+    return None
+
+
+def bucket_of(uri: str) -> str:
+    """The bucket of an s3:// URI."""
+    return uri[len("s3://") :].split("/", 1)[0]
+
+
+@functools.cache
+def known_regions() -> dict[str, str] | None:
+    """Every region of botocore's partition data -> its partition (aws, aws-cn, aws-us-gov, ...); None without
+    botocore (the config can be checked without the aws extra: then only the region's shape is checked)."""
+    try:
+        from botocore.loaders import create_loader
+    except ImportError:
+        return None
+    data = create_loader().load_data("partitions")
+    return {
+        region: partition["id"]
+        for partition in data["partitions"]
+        for region in partition["regions"]
+        if not region.endswith("-global")  # the partitions' global endpoints, not regions one can run in
+    }
+
+
+def region_problem(region: str) -> str | None:
+    regions = known_regions()
+    if regions is None:
+        shaped = re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d+", region)
+        return None if shaped else f"{brief(region)} is not an AWS region name (like us-east-1, eu-west-2)"
+    if region in regions:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(region, list(regions), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    some = ", ".join(sorted(regions)[:4])
+    return f"{brief(region)} is not an AWS region (botocore's partition data has {len(regions)}: {some}, ...){hint}"
+
+
+_K8S_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+K8S_KINDS = {  # what the API server checks: RFC 1123 label (namespaces) or subdomain (most other objects)
+    "label": (_K8S_LABEL, 63),
+    "subdomain": (re.compile(rf"{_K8S_LABEL.pattern}(\.{_K8S_LABEL.pattern})*"), 253),
+}
+
+
+def k8s_name_problem(name: str, kind: str = "subdomain") -> str | None:
+    """What Kubernetes would refuse in an object name (RFC 1123: lowercase letters, digits, '-', and '.' between
+    labels of a subdomain); None for a valid one."""
+    pattern, limit = K8S_KINDS[kind]
+    if len(name) <= limit and pattern.fullmatch(name):
+        return None
+    dots = ", '-' and '.'" if kind == "subdomain" else " and '-'"
+    lowered = re.sub(r"[^a-z0-9.-]+", "-", name.lower())[:limit].strip("-.")
+    return (
+        f"{brief(name)} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
+        f"starting and ending with a letter or digit), e.g. {brief(lowered)}"
+    )
