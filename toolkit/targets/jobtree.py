@@ -13,6 +13,7 @@ from pathlib import Path
 
 from toolkit.config import Config
 from toolkit.entrypoints.settings import to_hyperparameters
+from toolkit.errors import BadInput
 
 
 def resume_hint(root: Path) -> str:
@@ -82,7 +83,9 @@ class RunLock:
         os.close(self.fd)
 
 
-class RunBusy(Exception):
+class RunBusy(BadInput):
+    """Another process trains this run (exit 2 if it reaches the CLI; the targets say who and what to do)."""
+
     def __init__(self, owner: dict) -> None:
         super().__init__(owner)
         self.owner = owner
