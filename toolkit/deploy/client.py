@@ -80,6 +80,15 @@ def _reasoning(part: dict) -> str:
     return part.get("reasoning_content") or part.get("reasoning") or ""  # vLLM renamed the field across releases
 
 
+def json_reply(raw: bytes, where: str) -> dict:
+    """The server's JSON reply; anything else (an empty body, an HTML error page) is one line, not a traceback."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        shown = repr(raw[:200].decode(errors="replace")) if raw else "an empty body"
+        raise DeployError(f"{where} did not answer with JSON ({shown}): check that it serves, and ask again") from None
+
+
 def reply_from(body: dict) -> ChatReply:
     if "choices" not in body:
         raise DeployError(f"the server did not return a chat completion: {json.dumps(body)[:500]}")
@@ -132,7 +141,7 @@ class ChatClient:
                 EndpointName=endpoint, ContentType="application/json", Accept="application/json",
                 Body=json.dumps(body).encode(),
             )  # fmt: skip
-            return json.loads(response["Body"].read())
+            return json_reply(response["Body"].read(), f"endpoint {endpoint}")
 
         def send_streaming(body: dict) -> Iterator[bytes]:
             response = runtime.invoke_endpoint_with_response_stream(
@@ -167,7 +176,7 @@ class ChatClient:
 
         def send(body: dict) -> dict:
             with post(body) as response:
-                return json.loads(response.read())
+                return json_reply(response.read(), route)
 
         def send_streaming(body: dict) -> Iterator[bytes]:
             received = 0

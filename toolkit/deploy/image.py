@@ -101,6 +101,17 @@ def login(config: Config) -> Registry:
     return Registry(config.aws.registry_url or data["proxyEndpoint"], username, password)
 
 
+def planned_repository_uri(config: Config, spec: ImageSpec) -> str:
+    """The repository's URI as a dry run names it, from the config alone: the registry host from
+    aws.registry_url, else ECR's host for the account in aws.role's ARN (`<account>` when the config has none)."""
+    if config.aws.registry_url:
+        return f"{config.aws.registry_url.split('://', 1)[-1].rstrip('/')}/{spec.repository}"
+    role = config.aws.role or ""
+    account = role.split(":")[4] if role.count(":") >= 5 and role.split(":")[4].isdigit() else "<account>"
+    suffix = "amazonaws.com.cn" if aws.partition(config.aws.region) == "aws-cn" else "amazonaws.com"
+    return f"{account}.dkr.ecr.{config.aws.region}.{suffix}/{spec.repository}"
+
+
 def repository_uri(config: Config, registry: Registry, spec: ImageSpec) -> str:
     from botocore.exceptions import ClientError
 
@@ -183,10 +194,10 @@ def ensure_image(
         if not (context / "Dockerfile").is_file():
             raise DeployInputError(f"{context} not found: build from a toolkit checkout, or pass --image-uri")
         tag = context_tag(context, spec.base_image, spec.tag_prefix)
+        if dry_run:  # offline: no credentials, no AWS call
+            return f"{planned_repository_uri(config, spec)}:{tag}"
         registry = login(config)
         image = f"{repository_uri(config, registry, spec)}:{tag}"
-        if dry_run:
-            return image
         if tag_exists(registry, spec.repository, tag):
             report(f"{image} already in the registry: nothing to build")
             return image

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import boto3
@@ -223,3 +224,25 @@ def test_the_build_stops_when_the_base_torch_is_outside_the_agents_range(tmp_pat
         f"(torch<2.12.0,>=2.4.0) accepts (pip would install torch 2.11.0): choose a base image "
         "(hyperpod.base_image) whose torch is in that range"
     )
+
+
+@pytest.mark.parametrize("kind", ["serving", "training"])
+def test_image_build_dry_run_needs_no_aws(kind, monkeypatch):
+    """No credentials and an endpoint nobody listens on: the dry run still names the image (the account from
+    aws.role, ECR's host for the region, the content tag), because it makes no AWS call at all."""
+    from typer.testing import CliRunner
+
+    from toolkit.cli import app
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    role = "arn:aws:iam::123456789012:role/toolkit-execution"
+    result = CliRunner().invoke(app, ["image", "build", kind, "-c", "gpt-oss-20b-lora", "--dry-run",
+                                      "--set", f"aws.role={role}", "--set", "aws.region=eu-west-1"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    repository = "toolkit-serving" if kind == "serving" else "toolkit-training"
+    host = r"123456789012\.dkr\.ecr\.eu-west-1\.amazonaws\.com"
+    assert re.fullmatch(rf"{host}/{repository}:(serve|train)-[0-9a-f]{{12}}\n", result.stdout), result.stdout

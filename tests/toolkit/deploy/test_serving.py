@@ -207,6 +207,15 @@ def test_a_gpt_oss_adapter_on_cpu_is_refused_before_starting(trained):
         LocalServer(adapter_only, model, port=free_port()).start()
 
 
+def test_a_reply_that_is_not_json_is_one_line():
+    from toolkit.deploy.client import json_reply
+
+    for raw, shown in ((b"", "an empty body"), (b"<html>502 Bad Gateway</html>", "502 Bad Gateway")):
+        with pytest.raises(DeployError, match=f"endpoint e did not answer with JSON .*{shown}.*ask again"):
+            json_reply(raw, "endpoint e")
+    assert json_reply(b'{"a": 1}', "endpoint e") == {"a": 1}
+
+
 def test_sse_deltas_survive_arbitrary_chunk_boundaries():
     events = [{"choices": [{"delta": {"reasoning_content": "Denk"}}]}, {"choices": [{"delta": {"content": "Acht"}}]}]
     stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
