@@ -100,6 +100,9 @@ def config_validate(
     for source in files:
         cfg = load(source, set_)
         out.print(f"[green]ok[/] {source}: {cfg.name} ({cfg.model.id}, target {cfg.target})", highlight=False)
+        if cfg.skipped_checks():
+            err.print(f"not checked (no GPU on this machine to size them by): {'; '.join(cfg.skipped_checks())}",
+                      highlight=False, markup=False)  # fmt: skip
 
 
 @config_app.command("show")

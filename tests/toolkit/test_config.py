@@ -336,3 +336,24 @@ def test_readme_config_reference_is_current():
     readme = (REPO / "README.md").read_text()
     embedded = readme[readme.index(BEGIN) + len(BEGIN) : readme.index(END)]
     assert embedded.strip() == markdown().strip(), "run: toolkit config reference, and paste it into README.md"
+
+
+def test_local_memory_checks_use_this_machines_gpus_or_say_they_were_skipped(monkeypatch):
+    """target local has no instance type: the GPU-size checks read this machine's GPUs (nvidia-smi). There is no
+    GPU here, so the detection is replaced in this test (said so); without one the checks are named as skipped."""
+    from typer.testing import CliRunner
+
+    import toolkit.config.models as models
+    from toolkit.cli import app
+
+    args = ["config", "validate", "gpt-oss-120b-lora", "--set", "target=local", "--set", "training.distributed=ddp",
+            "--set", "training.fsdp_sharding=full_shard"]  # fmt: skip
+    monkeypatch.setattr(models, "local_gpus", lambda: (80,))
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    assert "80 GiB GPU of this machine" in refused.output and "--target training-job" in refused.output
+    assert "Traceback" not in refused.output
+    monkeypatch.setattr(models, "local_gpus", lambda: ())
+    skipped = CliRunner().invoke(app, args)
+    assert skipped.exit_code == 0, skipped.output
+    assert "not checked (no GPU on this machine to size them by): the model fits one GPU under ddp" in skipped.output

@@ -8,6 +8,7 @@ reference for ResourceConfig.VolumeKmsKeyId and ProductionVariant.VolumeSizeInGB
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from toolkit.errors import brief
@@ -100,3 +101,22 @@ def instance(name: str, field: str) -> Instance:
     except KeyError:
         known = ", ".join(sorted(INSTANCES))
         raise ValueError(f"{field}: unknown GPU instance type {brief(name)}; use one of: {known}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def local_gpus() -> tuple[int, ...]:
+    """This machine's NVIDIA GPUs, their memory in GiB each (nvidia-smi; no torch import); () without any.
+    What the memory checks of `target: local` use in place of an instance type."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return ()
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(round(int(line) / 1024) for line in listed.stdout.split() if line.strip().isdigit())

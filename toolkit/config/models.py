@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from toolkit.config.applicability import refuse_inapplicable
-from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance
+from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
 from toolkit.config.names import bucket_name_problem, bucket_of, k8s_name_problem, region_problem
 from toolkit.entrypoints.settings import StrictModel, TrainSettings
 from toolkit.errors import brief
@@ -423,11 +423,10 @@ class Config(TrainSettings):
     def _ddp_model_fits_one_gpu(self) -> Config:
         """ddp keeps a whole copy of the frozen model on every GPU (experts bf16 or packed MXFP4); fsdp shards it."""
         shape = MODELS.get(self.model.id)
-        instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
-        if shape is None or instance_field is None or self.training.distributed != "ddp":
+        gpu = self.training_gpu()
+        if shape is None or gpu is None or self.training.distributed != "ddp":
             return self
-        instance_type = getattr(self, instance_field).instance_type
-        gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
+        gpu_gib, instance_type, larger = gpu
         weights_gib = shape.weights_gib(self.model.experts)
         if weights_gib > 0.9 * gpu_gib:  # the rest: LoRA weights, optimizer state, activations
             held = "experts in MXFP4" if self.model.experts == "mxfp4" else "in bf16"
@@ -437,26 +436,24 @@ class Config(TrainSettings):
             raise ValueError(
                 f"training.distributed: ddp puts all of {self.model.id} (~{weights_gib:.0f} GiB, {held}) on each "
                 f"{gpu_gib} GiB GPU of {instance_type}: set training.distributed: fsdp (shards it over the GPUs)"
-                f"{packed} or choose a larger {instance_field}.instance_type"
+                f"{packed} or {larger}"
             )
         return self
 
     @model_validator(mode="after")
     def _micro_batch_below_what_ran_out_of_memory(self) -> Config:
         """A packed micro-batch measured to run out of memory on this GPU fails only after the job has loaded."""
-        instance_field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
-        budget, training = self.micro_batch_tokens(), self.training
-        if instance_field is None or not training.packing or training.distributed != "ddp":
+        budget, training, gpu = self.micro_batch_tokens(), self.training, self.training_gpu()
+        if gpu is None or not training.packing or training.distributed != "ddp":
             return self
-        instance_type = getattr(self, instance_field).instance_type
-        gpu_gib = instance(instance_type, f"{instance_field}.instance_type").gpu_memory_gib
+        gpu_gib, instance_type, larger = gpu
         measured = MICRO_BATCH_LIMITS.get((self.model.id, self.model.experts, gpu_gib))
         if measured and budget >= measured.out_of_memory:
             raise ValueError(
                 f"training.tokens_per_micro_batch: {budget} is too many for {self.model.id} (model.experts: "
                 f"{self.model.experts}) on the {gpu_gib} GiB GPUs of {instance_type}: {measured.out_of_memory} ran "
                 f"out of memory there ({measured.source}); set it to {measured.fits} or less (fits, with "
-                f"training.gradient_checkpointing on) or choose a larger {instance_field}.instance_type"
+                f"training.gradient_checkpointing on) or {larger}"
             )
         return self
 
@@ -482,6 +479,26 @@ class Config(TrainSettings):
         refuse_inapplicable(self)  # the one table of where settings apply (toolkit.config.applicability); last: the
         # checks above say more about a wrong combination (e.g. a model that does not fit under ddp)
         return self
+
+    def training_gpu(self) -> tuple[int, str, str] | None:
+        """(GiB of one training GPU, what has it, how to get a larger one) for the memory checks: the instance type
+        on cloud targets, this machine's first GPU on target local; None on a machine without one (those checks
+        are skipped: `skipped_checks` names them)."""
+        field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
+        if field is not None:
+            instance_type = getattr(self, field).instance_type
+            gib = instance(instance_type, f"{field}.instance_type").gpu_memory_gib
+            return gib, instance_type, f"choose a larger {field}.instance_type"
+        gpus = local_gpus()
+        if not gpus:
+            return None
+        return gpus[0], "this machine", "train where the GPUs are larger (e.g. --target training-job)"
+
+    def skipped_checks(self) -> list[str]:
+        """The checks that need a GPU's size and had none to read (target local on a machine without GPUs)."""
+        if self.target != "local" or local_gpus():
+            return []
+        return ["the model fits one GPU under ddp", "the packed micro-batch fits the GPU (measured limits)"]
 
     def gpus(self) -> int:
         """Training processes (one per GPU) the target runs: the world size the job will see."""
