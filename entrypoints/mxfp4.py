@@ -112,7 +112,9 @@ class Mxfp4Experts(nn.Module):
     def __init__(self, config, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         experts, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
-        self.num_experts, self.alpha, self.limit = experts, config.swiglu_alpha, config.swiglu_limit
+        # transformers releases that predate the config fields hard-code gpt-oss's values (1.702, 7.0) in GptOssExperts
+        alpha, limit = getattr(config, "swiglu_alpha", 1.702), getattr(config, "swiglu_limit", 7.0)
+        self.num_experts, self.alpha, self.limit = experts, alpha, limit
         shapes = dict(zip(PROJECTIONS, [(experts, 2 * inter, hidden), (experts, hidden, inter)], strict=True))
         for name, (e, out, inp) in shapes.items():
             self.register_buffer(f"{name}_blocks", torch.zeros(e, out, inp // 32, 16, dtype=torch.uint8))

@@ -387,12 +387,16 @@ def already_completed(settings: TrainSettings, paths: Paths) -> bool:
         return False
 
 
-def finished_training(checkpoint: Path | None) -> bool:
-    """Training ended at this checkpoint (transformers would train one step past max_steps when resumed here)."""
+def finished_training(settings: TrainSettings, checkpoint: Path | None) -> bool:
+    """Training as these settings ask for it ended at this checkpoint (transformers would train one step past
+    max_steps when resumed there). A longer run asked for later (more steps or epochs) is not finished."""
     if checkpoint is None:
         return False
     step, total = checkpoints.completed_steps(checkpoint)
-    return total > 0 and step >= total
+    if settings.training.max_steps:
+        return step >= settings.training.max_steps
+    recorded_epochs = json.loads((checkpoint / "trainer_state.json").read_text()).get("num_train_epochs")
+    return recorded_epochs == settings.training.num_epochs and total > 0 and step >= total
 
 
 def partial_dir(out: Path) -> Path:
@@ -483,7 +487,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     tokenizer = load_tokenizer(settings.model)
     dataset, data_stats = load_dataset(settings, paths, tokenizer)
     resume = resume_point(paths)
-    if finished_training(resume):
+    if finished_training(settings, resume):
         assert resume is not None
         return finish_from_checkpoint(settings, paths, resume, data_stats)
     model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)

@@ -227,6 +227,19 @@ def _sigterm_at_step_2(launcher: subprocess.Popen, pid1: int) -> None:
             return
 
 
+def test_a_finished_run_asked_for_more_steps_trains_them(tmp_path):
+    """Finished at step 2 (its final checkpoint), then the same run with max_steps 3: step 3 is trained, not skipped
+    as finished (the checkpoint's own max_steps is the old run's)."""
+    root = lay_out(tmp_path, ["training.max_steps=2", "training.save_steps=2", "training.merge_adapter=false"])
+    assert run_entrypoint(root).returncode == 0
+    lay_out(root, ["training.max_steps=3", "training.save_steps=2", "training.merge_adapter=false"])
+    result = run_entrypoint(root)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "resuming from" in result.stdout and "already finished" not in result.stdout
+    assert len(losses(result.stdout)) == 1
+    assert json.loads((root / "model" / "run.json").read_text())["global_step"] == 3
+
+
 def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path):
     """SageMaker's tree with torchrun (two ranks, as on a multi-GPU instance) and a checkpoint save that takes 40 s
     (a test-only delay before the seal): SIGTERM to PID 1 reaches the ranks, not torchrun, whose own timer (30 s
