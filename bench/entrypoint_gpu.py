@@ -124,10 +124,17 @@ def run(root: Path, train: TrainSettings) -> dict:
         "resumed": next((line for line in lines if "resum" in line.lower()), ""),
         "merged": next((line for line in lines if "merged" in line.lower()), ""),
         "peak_gpu": next((line for line in lines if "peak" in line.lower()), ""),
+        "saves": [line for line in lines if "saved and sealed" in line],  # size and time of each checkpoint save
         "steps": [int(m.split("step=")[1].split("/")[0]) for m in metrics],
         "losses": [float(m.split("loss=")[1].split()[0]) for m in metrics],
         "tail": "" if done.returncode == 0 else (done.stdout + done.stderr)[-3000:],
     }
+
+
+def slowest_save(result: dict) -> float | None:
+    """The longest checkpoint save of a run, from the entrypoint's `... saved and sealed in S s` lines."""
+    times = [float(line.rsplit(" in ", 1)[1].split(" s")[0]) for line in result["saves"]]
+    return max(times) if times else None
 
 
 def main_slice(layers: int) -> None:
@@ -141,10 +148,10 @@ def main_slice(layers: int) -> None:
     rows = [
         {"run": f"120b slice ({layers} layers, {size:.1f} GB packed), 10 steps", "rc": first["rc"],
          "seconds": first["seconds"], "steps": first["steps"][-1:], "first_loss": first["losses"][:1],
-         "last_loss": first["losses"][-1:]},
+         "last_loss": first["losses"][-1:], "slowest_save_s": slowest_save(first)},
         {"run": "resumed to 15 + merge", "rc": resumed["rc"], "seconds": resumed["seconds"],
          "steps": resumed["steps"][:1] + resumed["steps"][-1:], "first_loss": resumed["losses"][:1],
-         "last_loss": resumed["losses"][-1:]},
+         "last_loss": resumed["losses"][-1:], "slowest_save_s": slowest_save(resumed)},
     ]  # fmt: skip
     report("entrypoint_gpu_120b_slice", rows, {"layers": layers, "checkpoint_gb": round(size, 2),
                                                "merged_gb": round(merged_gb, 2),
