@@ -241,17 +241,22 @@ def follow(job):
                     f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
                 )
                 raise typer.Exit(130) from None
-            progress.console.print(
-                "interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)"
-            )
+            # a second interrupt, whenever it comes from here on, stops the job at once (no checkpoint)
+            signal.signal(signal.SIGINT, lambda *_: _stop_now(job))
+            signal.signal(signal.SIGTERM, lambda *_: _stop_now(job))
+            progress.stop()  # plain lines from here: a live display repeated the line below when it ended
+            err.print("interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)")
             job.stop()
-            try:
-                state = job.wait(on_line)
-            except KeyboardInterrupt:  # a second time: now, without the checkpoint
-                job.stop(now=True)
-                state = job.wait()
+            state = job.wait(on_line)
     err.print(f"{state.status.value}: {state.detail}", highlight=False, markup=False)
     raise typer.Exit(130)
+
+
+def _stop_now(job) -> None:
+    from toolkit.targets.base import TargetError
+
+    with contextlib.suppress(TargetError):  # it may have ended meanwhile
+        job.stop(now=True)
 
 
 jobs_app = typer.Typer(help="Jobs started earlier, on any target, from any machine.", no_args_is_help=True)

@@ -134,7 +134,7 @@ def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline):
     assert (root / "checkpoints" / "checkpoint-4.incomplete" / "optimizer.pt").exists()  # kept for the user
 
 
-def _cli(root: Path, *extra: str) -> subprocess.Popen:
+def _cli(root: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *extra]
     return subprocess.Popen(
         [sys.executable, "-m", "toolkit.cli", *args],
@@ -142,7 +142,7 @@ def _cli(root: Path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env=dict(os.environ, CI="1"),
+        env=dict(os.environ, CI="1", **(env or {})),
     )
 
 
@@ -193,7 +193,10 @@ def test_a_second_run_of_the_same_name_refuses_while_the_first_runs(tmp_path):
 
 def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_path):
     root = tmp_path / "run"
-    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=2")
+    # the checkpoint the first Ctrl-C asks for takes 60 s (a test-only delay before its seal), so that the second
+    # one certainly lands while it is being written; no earlier checkpoint (save_steps 0)
+    slow = {"TOOLKIT_TEST_SLOW_SAVE_SECONDS": "60"}
+    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0", env=slow)
     _wait_for_log(root, "[metrics] step=3/")
     cli.send_signal(signal.SIGINT)
     seen = _wait_for(cli, "interrupt again to stop at once")
@@ -202,7 +205,7 @@ def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_p
     output = "".join(seen) + rest
     assert cli.returncode == 130, output
     assert output.count("stopped at once: no new checkpoint was written") == 1, output
-    assert "the next run of the same command resumes from checkpoint-2" in output
+    assert "the next run of the same command starts from the beginning (no complete checkpoint)" in output
     assert "Traceback" not in output
     assert run_holder(root) is None  # no process of the run is left
 
