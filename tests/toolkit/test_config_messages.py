@@ -6,19 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.toolkit.cli_checks import refused
+
 
 def validate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)  # fmt: skip
-
-
-def refused(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
-    assert "Traceback" not in output
-    for fragment in fragments:
-        assert fragment in output, output
-    return output
 
 
 def test_a_key_written_twice_is_refused_with_both_lines(tmp_path):

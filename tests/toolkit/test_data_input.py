@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.toolkit.cli_checks import refused
 from toolkit.entrypoints.data import load_rows
 from toolkit.entrypoints.settings import SAMPLE_DATASET
 
@@ -17,14 +18,6 @@ from toolkit.entrypoints.settings import SAMPLE_DATASET
 def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=300)  # fmt: skip
-
-
-def refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
-    assert "Traceback" not in output
-    for fragment in fragments:
-        assert fragment in output, output
 
 
 def statistics(result: subprocess.CompletedProcess) -> dict[str, str]:

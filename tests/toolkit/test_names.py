@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.toolkit.cli_checks import refused
 from toolkit.config.names import bucket_name_problem, k8s_name_problem, known_regions, region_problem
 
 
@@ -15,14 +16,6 @@ def toolkit(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
     return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})})  # fmt: skip
-
-
-def refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
-    assert "Traceback" not in output
-    for fragment in fragments:
-        assert fragment in output, output
 
 
 @pytest.mark.parametrize(
