@@ -27,9 +27,6 @@ class Skipped:
     path: Path
     reason: str
 
-    def __str__(self) -> str:
-        return f"{self.path.name}: {self.reason}"
-
 
 def step_of(path: Path) -> int | None:
     match = _NAME.match(path.name)

@@ -103,6 +103,10 @@ class LocalJob(Job):
         return JobState(self.name, Status.PENDING)
 
     def _why_it_ended(self, code: int | None) -> str:
+        reason = self._reason(code)
+        return f"{reason} ({self.log_error})" if self.log_error else reason
+
+    def _reason(self, code: int | None) -> str:
         if self.last_error:
             return self.last_error
         if code is not None and code < 0:
