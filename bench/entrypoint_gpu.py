@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "entrypoints"))  # the training package, from a checkout
 sys.path.insert(0, str(REPO))
 
-from common import report  # noqa: E402
-
-from entrypoints.settings import TrainSettings, to_hyperparameters  # noqa: E402
+from common import report
+from toolkit_train.settings import TrainSettings, to_hyperparameters
 
 
 def settings(model: Path, compile_layers: bool | str, max_steps: int) -> TrainSettings:
@@ -88,9 +88,8 @@ def write_slice_checkpoint(out: Path, layers: int) -> float:
     import torch
     import train_throughput as tt
     from safetensors.torch import save_file
-
-    from entrypoints.mxfp4 import QUANTIZATION_CONFIG
-    from entrypoints.tiny_model import build_tokenizer
+    from toolkit_train.mxfp4 import QUANTIZATION_CONFIG
+    from toolkit_train.tiny_model import build_tokenizer
 
     config = tt.gpt_oss_config(False, layers=layers, size="120b")
     model = tt.build_packed_model(config, "cuda", "eager")
@@ -112,8 +111,8 @@ def run(root: Path, train: TrainSettings) -> dict:
     env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(REPO / "entrypoints" / "train.py")], env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    script = REPO / "entrypoints" / "toolkit_train" / "train.py"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - start
     lines = done.stdout.splitlines()
     metrics = [line for line in lines if line.startswith("[metrics]")]
@@ -159,7 +158,7 @@ def main_slice(layers: int) -> None:
 
 
 def main() -> None:
-    from entrypoints.tiny_model import _build
+    from toolkit_train.tiny_model import _build
 
     if "--shape" in sys.argv:
         layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 8

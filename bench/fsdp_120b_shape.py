@@ -1,7 +1,7 @@
 """The FSDP path on gpt-oss-120b's shape at reduced depth, through the real entrypoint under torchrun.
 
 Builds a random-weight model with gpt-oss-120b's layer shape (hidden 2880, 128 experts, top-4, 201k vocab)
-and `--layers` layers, saves it, and runs entrypoints/train.py with the 120b preset's settings (FSDP, LoRA
+and `--layers` layers, saves it, and runs entrypoints/toolkit_train/train.py with the 120b preset's settings (FSDP, LoRA
 r16 on q/k/v/o, 4k sequences, checkpoint every few steps), then again to check the resume. Prints the metrics
 lines, the checkpoints and the merged model rank 0 wrote.
 
@@ -19,14 +19,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "entrypoints"))  # the training package, from a checkout
 sys.path.insert(0, str(REPO))
 
 
 def build(out: Path, layers: int) -> None:
     import torch
+    from toolkit_train.tiny_model import build_tokenizer
     from transformers import GptOssConfig, GptOssForCausalLM
-
-    from entrypoints.tiny_model import build_tokenizer
 
     config = GptOssConfig(
         hidden_size=2880, intermediate_size=2880, num_hidden_layers=layers, num_attention_heads=64,
@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
 
-    from entrypoints.settings import to_hyperparameters
+    from toolkit_train.settings import to_hyperparameters
+
     from toolkit.config import load_config
 
     work = Path(tempfile.mkdtemp(prefix="fsdp-"))
@@ -66,7 +67,7 @@ def main() -> None:
     (root / "input" / "config" / "hyperparameters.json").write_text(json.dumps(to_hyperparameters(settings)))
     env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.gpus}",
-               str(REPO / "entrypoints" / "train.py")]  # fmt: skip
+               str(REPO / "entrypoints" / "toolkit_train" / "train.py")]  # fmt: skip
     first = subprocess.run(command, env=env, capture_output=True, text=True)
     keep = [line for line in first.stdout.splitlines() if line.startswith(("[metrics]", "[toolkit]"))]
     print("\n".join(keep))

@@ -24,12 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "entrypoints"))  # the training package, from a checkout
+sys.path.insert(0, str(REPO))
 
 import torch
-
-from entrypoints.data import IGNORE_INDEX
-from entrypoints.settings import TrainSettings
+from toolkit_train.data import IGNORE_INDEX
+from toolkit_train.settings import TrainSettings
 
 PEAK_BF16_FLOPS = 790e12  # measured on this H200 (8192^3 bf16 matmul, random data)
 ACTIVE_PARAMS = {"20b": 3.6e9, "120b": 5.1e9}
@@ -62,9 +63,8 @@ def gpt_oss_config(tiny: bool, layers: int | None = None, size: str = "20b"):
 
 
 def build_model(config, device, dtype, attn, experts="toolkit_fused"):
+    from toolkit_train.moe import register
     from transformers import GptOssForCausalLM
-
-    from entrypoints.moe import register
 
     register()
     config._attn_implementation = attn
@@ -84,7 +84,7 @@ def build_model(config, device, dtype, attn, experts="toolkit_fused"):
 def build_packed_model(config, device, attn):
     """gpt-oss with MXFP4 experts kept packed (model.experts: mxfp4), random weights built on the GPU: blocks are
     random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints)."""
-    from entrypoints.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
+    from toolkit_train.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
 
     config._attn_implementation = attn
     model = empty_packed_model(config, torch.bfloat16, device)
@@ -106,7 +106,7 @@ def build_packed_model(config, device, attn):
 
 def unpacked_copy(packed, config, device, dtype):
     """The same model with its experts dequantized into transformers' bf16 experts (model.experts: bf16)."""
-    from entrypoints.mxfp4 import Mxfp4Experts
+    from toolkit_train.mxfp4 import Mxfp4Experts
 
     model = build_model(config, device, dtype, FAST_ATTENTION)
     state = {k: v for k, v in packed.state_dict().items() if "_blocks" not in k and "_scales" not in k}
@@ -123,8 +123,8 @@ def unpacked_copy(packed, config, device, dtype):
 def packed_gate(config, device) -> dict:
     """model.experts: mxfp4 against the same weights dequantized at load (bf16 experts), fast path, LoRA gradients:
     fp32 (TF32 off) must agree to rounding; bf16 is reported."""
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -151,7 +151,7 @@ def packed_gate(config, device) -> dict:
 
 def tokenizer():
     """Rows are pre-tokenized; the trainer only needs a tokenizer object (pad id): the tiny harmony one."""
-    from entrypoints.tiny_model import build_tokenizer
+    from toolkit_train.tiny_model import build_tokenizer
 
     return build_tokenizer()
 
@@ -203,11 +203,10 @@ def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool
 
 def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, out: Path):
     import datasets
+    from toolkit_train.packing import collate, packed_dataset, packed_trainer_class
+    from toolkit_train.train import Paths, sft_config
     from transformers import TrainerCallback
     from trl import SFTTrainer
-
-    from entrypoints.packing import collate, packed_dataset, packed_trainer_class
-    from entrypoints.train import Paths, sft_config
 
     paths = Paths(root=out, model_dir=out / "model", checkpoints=out / "ckpt", train_channel=out, output_data=out)
     args = sft_config(settings, paths)
@@ -354,7 +353,7 @@ def correctness_gate(config, device, max_length):
         results[str(dtype).split(".")[1]] = paths
     del model
     if device != "cpu":  # the fast path with compiled decoder layers (training.compile_layers on GPU)
-        from entrypoints.model import compile_decoder_layers
+        from toolkit_train.model import compile_decoder_layers
 
         for dtype in (torch.float32, torch.bfloat16):
             # A fresh model per dtype: `.to(bf16).to(fp32)` leaves non-persistent buffers (the rotary inv_freq)
@@ -388,8 +387,8 @@ def correctness_gate(config, device, max_length):
 
 def _gate_model(config, device):
     """The gate's model: fixed random weights, LoRA with non-zero B so every adapter gets a gradient."""
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
 
     model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
     torch.manual_seed(5)
@@ -402,7 +401,7 @@ def _gate_model(config, device):
 def compile_diagnosis(config, device) -> dict:
     """fp32, TF32 off: the fast path's loss and LoRA gradients with compiled decoder layers, with transformers'
     experts and with the fused ones, against the same path uncompiled (each a fresh model, same weights)."""
-    from entrypoints.model import compile_decoder_layers
+    from toolkit_train.model import compile_decoder_layers
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -429,9 +428,8 @@ def moe_block(config, device, tokens: int) -> dict:
     """One MoE block of the model's shape, frozen bf16 weights, forward + backward to the input: transformers'
     grouped_mm path against the toolkit's fused path on the same inputs (outputs and input gradients compared
     against an fp32 run of the reference)."""
+    from toolkit_train.moe import register
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-
-    from entrypoints.moe import register
 
     register()
     torch.manual_seed(0)
@@ -479,9 +477,8 @@ def _trained(rows):
 
 def _fast_grads(model, rows, device, experts="toolkit_fused"):
     import datasets
+    from toolkit_train.packing import collate, packed_dataset, packed_trainer_class
     from trl import SFTConfig
-
-    from entrypoints.packing import collate, packed_dataset, packed_trainer_class
 
     model.get_base_model().config._attn_implementation = FAST_ATTENTION
     model.get_base_model().config._experts_implementation = experts  # the fast path's MoE: fused by default
@@ -553,8 +550,8 @@ EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
 def run_one(name: str, args, device, dtype) -> dict:
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
 
     if name == "gate":
         return correctness_gate(gpt_oss_config(args.tiny, layers=2), device, 2048)
@@ -574,7 +571,7 @@ def run_one(name: str, args, device, dtype) -> dict:
     lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
     model = add_lora(build_model(config, device, dtype, "eager", experts), lora, seed=0)
     if name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
-        from entrypoints.model import compile_decoder_layers
+        from toolkit_train.model import compile_decoder_layers
 
         compile_decoder_layers(model)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
@@ -590,8 +587,8 @@ def run_one(name: str, args, device, dtype) -> dict:
 def run_packed(name: str, args, device) -> dict:
     """gpt-oss with packed MXFP4 experts; 120b: LoRA r16/alpha32 on q/k/v/o (the HyperPod recipe's), 4,096-token
     rows."""
-    from entrypoints.model import add_lora
-    from entrypoints.settings import LoraSettings
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
 
     size, max_length, budget, checkpointing, warmup = PACKED[name]
     config = gpt_oss_config(args.tiny, size=size)

@@ -6,9 +6,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-# the training stack at the versions jobs install (the lock, entrypoints/requirements*.txt): what is tested ships
+# the training stack at the versions jobs install (the lock, entrypoints/toolkit_train/requirements*.txt): what is tested ships
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[${EXTRAS:-train}]" \
-  -c entrypoints/requirements.txt -c entrypoints/requirements-mlflow.txt
+  -c entrypoints/toolkit_train/requirements.txt -c entrypoints/toolkit_train/requirements-mlflow.txt
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=false
 

@@ -51,7 +51,7 @@ socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
-    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
+    from toolkit_train.tiny_model import tiny_gpt_oss_path
 
     return tiny_gpt_oss_path()
 

@@ -152,8 +152,8 @@ def data_prepare(
 ) -> None:
     """Validate, render and tokenize the data once; print token statistics; save it."""
     from rich.table import Table
+    from toolkit_train.data import DataError
 
-    from toolkit.entrypoints.data import DataError
     from toolkit.sdk import prepare_data
 
     cfg = load(source, set_)

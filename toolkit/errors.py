@@ -62,7 +62,7 @@ HINTS = {
 
 def classify(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for a failure the toolkit knows, or None for a bug (which keeps its traceback)."""
-    from toolkit.entrypoints.data import DataError  # the entrypoints run without the toolkit: no base class there
+    from toolkit_train.data import DataError  # the entrypoints run without the toolkit: no base class there
 
     if isinstance(exc, KeyboardInterrupt):
         return INTERRUPTED, "interrupted"

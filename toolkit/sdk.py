@@ -40,9 +40,10 @@ def prepare_data(
     """
     import tempfile
 
+    from toolkit_train.data import PrepareReport, load_rows, prepare
+    from toolkit_train.model import load_tokenizer
+
     from toolkit import aws
-    from toolkit.entrypoints.data import PrepareReport, load_rows, prepare
-    from toolkit.entrypoints.model import load_tokenizer
 
     cfg = _as_config(config, overrides)
     destination = str(output) if output else str(Path("runs") / cfg.name / "prepared")

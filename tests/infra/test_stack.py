@@ -180,7 +180,7 @@ def training_job_needs(stack: Stack) -> list[tuple[str, str, dict]]:
     checkpoints = aws.checkpoint_prefix("toolkit", "cfg", "cfg-20260101000000")
     return [
         ("s3:GetObject", f"{bucket}/toolkit/data/abc/chat.jsonl", {}),
-        ("s3:GetObject", f"{bucket}/toolkit/code/job/entrypoints/train.py", {}),
+        ("s3:GetObject", f"{bucket}/toolkit/code/job/toolkit_train/train.py", {}),
         ("s3:PutObject", f"{bucket}/toolkit/output/job/output/model/merged/model.safetensors", {}),
         ("s3:PutObject", f"{bucket}/{checkpoints}checkpoint-10/adapter_model.safetensors", {}),
         ("s3:ListBucket", bucket, {"s3:prefix": checkpoints}),

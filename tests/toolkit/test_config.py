@@ -8,10 +8,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from toolkit_train.settings import from_hyperparameters, to_hyperparameters
 
 from toolkit.config import Config, ConfigError, load_config, preset_names
 from toolkit.config.loader import read_source
-from toolkit.entrypoints.settings import from_hyperparameters, to_hyperparameters
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

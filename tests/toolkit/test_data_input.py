@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from toolkit_train.data import load_rows
+from toolkit_train.settings import SAMPLE_DATASET
 
 from tests.toolkit.cli_checks import refused
-from toolkit.entrypoints.data import load_rows
-from toolkit.entrypoints.settings import SAMPLE_DATASET
 
 
 def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:

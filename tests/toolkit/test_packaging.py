@@ -1,7 +1,7 @@
 """The installed package, not the checkout: build the wheel, install it (no deps, no network) into a directory of
 its own, and run it from elsewhere. Presets, the training entrypoint and its sample, the serving image's context
-and the CloudFormation template must all come from the installed copy, and the wheel must own no import name but
-`toolkit` (PyPI's `entrypoints` distribution owns that name: installing ours top-level would break it)."""
+and the CloudFormation template must all come from the installed copy, and the wheel must own no import names but
+`toolkit` and the training code's `toolkit_train` (PyPI's `entrypoints` distribution owns the folder's name)."""
 
 from __future__ import annotations
 
@@ -48,16 +48,16 @@ def run_installed(site: Path, cwd: Path, *code: str) -> subprocess.CompletedProc
 def test_the_wheel_owns_only_the_toolkit_import_name(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
-    assert top_level == {"toolkit"}
+    assert top_level == {"toolkit", "toolkit_train"}
     for shipped in (
-        "toolkit/entrypoints/train.py",
-        "toolkit/entrypoints/requirements.txt",
-        "toolkit/entrypoints/samples/multilingual-thinking.jsonl",
+        "toolkit_train/train.py",
+        "toolkit_train/requirements.txt",
+        "toolkit_train/samples/multilingual-thinking.jsonl",
         "toolkit/resources/containers/serving/Dockerfile",
         "toolkit/resources/containers/serving/serve.py",
         "toolkit/resources/containers/training/Dockerfile",
         "toolkit/resources/containers/training/check_base.py",
-        "toolkit/entrypoints/requirements-mlflow.txt",
+        "toolkit_train/requirements-mlflow.txt",
         "toolkit/resources/infra/toolkit.yaml",
         "toolkit/presets/tiny-gpt-oss-local.yaml",
     ):
@@ -67,10 +67,11 @@ def test_the_wheel_owns_only_the_toolkit_import_name(wheel):
 def test_installed_package_finds_its_files_from_another_directory(installed, tmp_path):
     probe = run_installed(installed, tmp_path, "-c", """
 import json, toolkit, toolkit.resources as r
-from toolkit.entrypoints.data import SAMPLE_PATH
+from toolkit_train.data import SAMPLE_PATH
 from toolkit.config import preset_names
 print(json.dumps({"toolkit": toolkit.__file__, "files": [str(p) for p in (r.SERVING_CONTEXT / "Dockerfile",
-    r.SERVING_CONTEXT / "serve.py", r.INFRA_TEMPLATE, r.ENTRYPOINT, SAMPLE_PATH)], "presets": preset_names()}))
+    r.SERVING_CONTEXT / "serve.py", r.INFRA_TEMPLATE, r.TRAINING_PACKAGE / "train.py", SAMPLE_PATH)],
+    "presets": preset_names()}))
 """)  # fmt: skip
     assert probe.returncode == 0, probe.stderr
     found = json.loads(probe.stdout)
@@ -86,7 +87,7 @@ def test_installed_cli_validates_a_preset_and_the_entrypoint_runs_as_a_script(in
     assert "ok gpt-oss-20b-lora" in validated.stdout
     # the training container runs train.py as a script: it must import its siblings wherever it is installed
     env = {**os.environ, "TOOLKIT_ML_ROOT": str(tmp_path / "ml"), "PYTHONPATH": ""}
-    script = installed / "toolkit" / "entrypoints" / "train.py"
+    script = installed / "toolkit_train" / "train.py"
     ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ran.returncode == 1, ran.stderr
     assert "no hyperparameters" in (tmp_path / "ml" / "output" / "failure").read_text()

@@ -7,11 +7,11 @@ import string
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
+from toolkit_train.settings import StrictModel, TrainSettings
 
 from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
 from toolkit.config.names import bucket_name_problem, bucket_of, k8s_name_problem, region_problem
-from toolkit.entrypoints.settings import StrictModel, TrainSettings
 from toolkit.errors import brief
 
 TargetName = Literal["local", "training-job", "hyperpod"]
@@ -144,7 +144,7 @@ class HyperPodTarget(StrictModel):
     exclusive: bool = Field(True, description="Slurm: take whole nodes (--exclusive).")
     install: bool = Field(
         True,
-        description="Install the locked training stack (entrypoints/requirements.txt) into the job's Python on "
+        description="Install the locked training stack (toolkit_train/requirements.txt) into the job's Python on "
         "every node before launch; false when hyperpod.python or hyperpod.image already holds it.",
     )
     eks_job_kind: Literal["HyperPodPyTorchJob", "PyTorchJob"] = Field(

@@ -2,7 +2,7 @@
 
 - serving: containers/serving (vLLM behind SageMaker's hosting contract);
 - training: containers/training (the AWS PyTorch training container + the locked training stack + HyperPod's
-  elastic agent), its context assembled from that Dockerfile and the lock files in entrypoints/.
+  elastic agent), its context assembled from that Dockerfile and the lock files in entrypoints/toolkit_train/.
 
 The tag is a hash of the build context and base image, so an unchanged image is never rebuilt: when the registry
 already has the tag, nothing is built or pushed. Registry credentials come from ECR's GetAuthorizationToken and
@@ -78,7 +78,7 @@ def image_spec(config: Config, kind: ImageKind) -> ImageSpec:
 @contextlib.contextmanager
 def build_context(kind: ImageKind) -> Iterator[Path]:
     """The directory docker builds from. The training image's is assembled: its Dockerfile and the lock files
-    (one copy of each, in entrypoints/, shipped in the code channel too)."""
+    (one copy of each, in entrypoints/toolkit_train/, shipped in the code channel too)."""
     if kind == "serving":
         yield SERVING_CONTEXT
         return

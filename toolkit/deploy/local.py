@@ -63,7 +63,7 @@ def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
 def _adapter_on_gpt_oss(model: Path) -> bool:
     import json
 
-    from toolkit.entrypoints.settings import ModelSettings
+    from toolkit_train.settings import ModelSettings
 
     try:
         base = json.loads((model / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")

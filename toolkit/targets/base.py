@@ -115,16 +115,6 @@ def complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
     return data[:complete].decode("utf-8", errors="replace").splitlines(), offset + complete
 
 
-def job_requirements(config: Config) -> str:
-    """The requirements file a job installs: the locked training stack, plus MLflow's client only when asked."""
-    from toolkit.resources import MLFLOW_LOCK, TRAINING_LOCK
-
-    text = TRAINING_LOCK.read_text()
-    if "mlflow" in config.train_settings().training.report_to:
-        text += MLFLOW_LOCK.read_text()
-    return text
-
-
 class TargetError(BadInput):
     """The target cannot run this job (exit 2); the message says why and what to do."""
 

@@ -7,13 +7,11 @@ same Target interface. Both run the entrypoint with the shared filesystem's job 
 from __future__ import annotations
 
 import importlib
-import shutil
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import Job, Target, TargetError, job_requirements
-from toolkit.targets.jobtree import place_train_channel, write_settings
+from toolkit.targets.base import Job, Target, TargetError
+from toolkit.targets.jobtree import place_train_channel, prepare_run_dir, stage_code
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
 
@@ -24,19 +22,17 @@ def job_dir(config: Config) -> Path:
     return Path(hp.job_dir.format(mount_path=hp.fsx.mount_path, name=config.name))
 
 
-def stage(config: Config, root: Path) -> None:
-    """Write what every node reads: settings, code, and local data copied in as the 'train' channel."""
+def stage(config: Config, root: Path, fresh: bool) -> None:
+    """Write what every node reads: settings, code, and local data copied in as the 'train' channel (after the
+    run directory's --fresh / foreign-checkpoint rules, the same as a local run's)."""
     source = config.data.source
     if source.startswith("s3://"):
         raise TargetError(
             f"data.source {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
             f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point data.source there"
         )
-    write_settings(config, root)
-    code = root / "code" / "entrypoints"
-    shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(ENTRYPOINTS, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (root / "code" / "requirements.txt").write_text(job_requirements(config))
+    prepare_run_dir(config, root, fresh)
+    stage_code(root / "code", config)
     place_train_channel(source, root, copy=True)
 
 

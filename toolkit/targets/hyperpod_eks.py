@@ -1,12 +1,14 @@
 """HyperPod on EKS: a `HyperPodPyTorchJob` (HyperPod training operator) or a Kubeflow `PyTorchJob`.
 
-The entrypoint code and the job's settings travel in a ConfigMap mounted into every pod, so nothing has to
+The training code (the staged tree, as one archive: every file arrives) and the job's settings travel in a
+ConfigMap mounted into every pod, so nothing has to
 be copied onto the cluster's filesystem from the submitting machine; the job directory (checkpoints, model)
 is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and the user's kubeconfig.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -19,18 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from toolkit.aws import UPLOAD_MARKER
-from toolkit.config import Config
-from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import (
+from toolkit_train.settings import (
     RANK_SHUTDOWN_SECONDS,
     STOP_WINDOW_SECONDS,
     TORCHRUN_SHUTDOWN_ENV,
     to_hyperparameters,
 )
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, job_requirements, tail
-from toolkit.targets.hyperpod import ENTRYPOINTS, job_dir
+
+from toolkit.aws import UPLOAD_MARKER
+from toolkit.config import Config
+from toolkit.config.instances import instance
+from toolkit.resources import ENTRY_SCRIPT
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, tail
+from toolkit.targets.hyperpod import job_dir
+from toolkit.targets.jobtree import RUN_OUTPUTS, code_archive, foreign_checkpoints, settings_file
 
 CODE_MOUNT = "/opt/toolkit"
 CODE_LABEL = "toolkit/job"
@@ -40,11 +44,21 @@ KINDS = {
 }
 
 
-def code_files(config: Config) -> dict[str, str]:
-    files = {p.name: p.read_text() for p in sorted(ENTRYPOINTS.glob("*.py"))}
-    files["requirements.txt"] = job_requirements(config)
-    files["multilingual-thinking.jsonl"] = (ENTRYPOINTS / "samples" / "multilingual-thinking.jsonl").read_text()
-    return files
+CODE_ARCHIVE = "code.tar.gz"  # the ConfigMap key holding jobtree.code_archive()
+CODE_DIR = "/tmp/toolkit/code"  # where every pod unpacks it: the trainer's PYTHONPATH
+CONFIG_MAP_LIMIT_BYTES = 1024 * 1024  # Kubernetes: a ConfigMap's data may not exceed 1 MiB
+
+
+def code_data(config: Config) -> dict[str, dict[str, str]]:
+    """The ConfigMap's payload: the code tree as one archive (binaryData), the settings as text (data)."""
+    archive = base64.b64encode(code_archive(config)).decode()
+    settings = json.dumps(to_hyperparameters(config.train_settings()))
+    if len(archive) + len(settings) > CONFIG_MAP_LIMIT_BYTES:
+        raise TargetError(
+            f"the training code and settings take {len(archive) + len(settings)} bytes, over a ConfigMap's "
+            f"{CONFIG_MAP_LIMIT_BYTES}: remove large files from the training package (entrypoints/toolkit_train/)"
+        )
+    return {"binaryData": {CODE_ARCHIVE: archive}, "data": {"hyperparameters.json": settings}}
 
 
 def fresh_start_command(root: Path, token: str) -> str:
@@ -53,10 +67,21 @@ def fresh_start_command(root: Path, token: str) -> str:
     (the operator's retries) find the token and keep what the run has written, so retries still resume. Every pod
     runs this before the rendezvous, so no clear can follow a checkpoint."""
     marker, quoted = shlex.quote(str(root / ".fresh-start")), shlex.quote(token)
-    stale = " ".join(shlex.quote(str(root / name)) for name in ("checkpoints", "model", "output"))
+    stale = " ".join(shlex.quote(str(root / name)) for name in RUN_OUTPUTS)
     return (
         f'if [ "$(cat {marker} 2>/dev/null)" != {quoted} ]; then '
         f"rm -rf {stale} && mkdir -p {shlex.quote(str(root))} && echo {quoted} > {marker}; fi"
+    )
+
+
+def foreign_checkpoints_command(root: Path) -> str:
+    """The foreign-checkpoint guard of jobtree.prepare_run_dir, run in the pod (only pods reach FSx here): the job
+    directory's checkpoints were written under other settings than this submission's -> stop before training."""
+    written = shlex.quote(str(settings_file(root)))
+    return (
+        f"if ls {shlex.quote(str(root / 'checkpoints'))}/checkpoint-* >/dev/null 2>&1 && [ -f {written} ] && "
+        f"! cmp -s {CODE_MOUNT}/hyperparameters.json {written}; then "
+        f"echo {shlex.quote('error: ' + foreign_checkpoints(root))} >&2; exit 2; fi"
     )
 
 
@@ -69,15 +94,14 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         )
     spec = instance(hp.instance_type, "hyperpod.instance_type")
     root = job_dir(config)
-    # ConfigMap keys are flat: rebuild the package layout, then launch
+    # the staged code tree, unpacked whole, then launch
     setup = (
         (f"{fresh_start_command(root, fresh_token)} && " if fresh_token else "")
-        + f"mkdir -p /tmp/toolkit/entrypoints/samples {root}/input/config && "
-        f"cp {CODE_MOUNT}/*.py /tmp/toolkit/entrypoints/ && "
-        f"cp {CODE_MOUNT}/multilingual-thinking.jsonl /tmp/toolkit/entrypoints/samples/ && "
+        + f"{foreign_checkpoints_command(root)}; "
+        f"mkdir -p {CODE_DIR} {root}/input/config && tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {CODE_DIR} && "
         f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
-        + (f"pip install -q -r {CODE_MOUNT}/requirements.txt && " if hp.install else "")
-        + " ".join([*launcher, "/tmp/toolkit/entrypoints/train.py"])
+        + (f"pip install -q -r {CODE_DIR}/requirements.txt && " if hp.install else "")
+        + " ".join([*launcher, f"{CODE_DIR}/{ENTRY_SCRIPT}"])
     )
     resources = {"nvidia.com/gpu": str(hp.gpus_per_node)}  # quantities: strings are valid everywhere
     if spec.efa:
@@ -126,14 +150,14 @@ def manifests(config: Config, fresh_token: str | None = None) -> list[dict[str, 
     if hp.priority:
         labels["kueue.x-k8s.io/priority-class"] = hp.priority
     metadata = {"name": config.name, "namespace": hp.namespace, "labels": labels}
-    data = {**code_files(config), "hyperparameters.json": json.dumps(to_hyperparameters(config.train_settings()))}
+    payload = code_data(config)
     # named by content: a re-submission never changes the code under pods that are still running
-    code_map = f"{config.name}-code-" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:10]
+    code_map = f"{config.name}-code-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": code_map, "namespace": hp.namespace, "labels": {CODE_LABEL: config.name}},
-        "data": data,
+        **payload,
     }
     procs = hp.gpus_per_node
     if hp.eks_job_kind == "HyperPodPyTorchJob":

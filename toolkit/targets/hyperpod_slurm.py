@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit_train.settings import TORCHRUN_SHUTDOWN_ENV
+
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import TORCHRUN_SHUTDOWN_ENV
+from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, complete_lines, tail
 from toolkit.targets.hyperpod import job_dir, stage
 
@@ -131,7 +133,7 @@ def sbatch_script(config: Config, auto_resume: bool | None = None, gpu_gres: boo
         f"srun {resume}--kill-on-bad-exit=1 {container}{python} -m torch.distributed.run \\",
         f'  --nnodes="$SLURM_NNODES" --nproc-per-node={procs} \\',
         f'  --rdzv-backend=c10d --rdzv-endpoint="$head:{RENDEZVOUS_PORT}" --rdzv-id="$SLURM_JOB_ID" \\',
-        f"  {shlex.quote(str(root / 'code' / 'entrypoints' / 'train.py'))}",
+        f"  {shlex.quote(str(root / 'code' / ENTRY_SCRIPT))}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -246,10 +248,7 @@ class SlurmOrchestrator(Target):
                 f"run {config.name} ({root}) is already Slurm job {live[0]} ({live[1]}): follow it with `toolkit "
                 f"jobs logs {live[0]} --follow -c CONFIG`, stop it with `toolkit jobs stop {live[0]} -c CONFIG`"
             )
-        if fresh:
-            for stale in ("checkpoints", "model", "output"):
-                shutil.rmtree(root / stale, ignore_errors=True)
-        stage(config, root)
+        stage(config, root, fresh)
         script = root / "submit.sbatch"
         script.write_text(sbatch_script(config))
         submitted = _run("sbatch", "--parsable", str(script))

@@ -1,24 +1,105 @@
-"""The /opt/ml-style job directory that local and HyperPod jobs share with the entrypoint."""
+"""The run's layout on every target: the /opt/ml-style job directory local and HyperPod jobs share with the
+entrypoint, the one code tree every job runs, the one-writer lock."""
 
 from __future__ import annotations
 
 import fcntl
+import gzip
+import io
 import json
 import os
 import shutil
 import socket
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit_train.settings import to_hyperparameters
+
 from toolkit.config import Config
-from toolkit.entrypoints.settings import to_hyperparameters
 from toolkit.errors import BadInput
+
+IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
+RUN_OUTPUTS = ("checkpoints", "model", "output")  # what a run writes, and what --fresh clears
+OUTCOMES = ("failure", "stopped")  # output/ records of an attempt's end, cleared when the next attempt starts
+
+
+def foreign_checkpoints(root: Path) -> str:
+    """The refusal when a run directory holds checkpoints of other settings (one text for every target)."""
+    return (
+        f"{root} holds checkpoints of a different config; resuming would mix runs. Pass --fresh to start over, "
+        "or give this config another name (or output directory)"
+    )
+
+
+def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
+    """Before a run starts in `root` on any target that writes it from here (local, Slurm): --fresh clears what
+    runs write; otherwise checkpoints of other settings refuse (resuming them would mix two runs). Then the
+    settings are written and an earlier attempt's outcome is cleared: this attempt resumes it."""
+    from toolkit.targets.base import TargetError
+
+    if fresh:
+        for stale in RUN_OUTPUTS:
+            shutil.rmtree(root / stale, ignore_errors=True)
+    elif any((root / "checkpoints").glob("checkpoint-*")) and _settings_changed(config, root):
+        raise TargetError(foreign_checkpoints(root))
+    for outcome in OUTCOMES:
+        (root / "output" / outcome).unlink(missing_ok=True)
+    write_settings(config, root)
+
+
+def _settings_changed(config: Config, root: Path) -> bool:
+    written = settings_file(root)
+    return written.exists() and json.loads(written.read_text()) != to_hyperparameters(config.train_settings())
+
+
+def job_requirements(config: Config) -> str:
+    """The requirements file a job installs: the locked training stack, plus MLflow's client only when asked."""
+    from toolkit.resources import MLFLOW_LOCK, TRAINING_LOCK
+
+    text = TRAINING_LOCK.read_text()
+    if "mlflow" in config.train_settings().training.report_to:
+        text += MLFLOW_LOCK.read_text()
+    return text
+
+
+def stage_code(into: Path, config: Config) -> Path:
+    """The one code tree every target runs, whole (modules, samples, lock files; nothing flattened):
+    <into>/toolkit_train/ and <into>/requirements.txt. The job's PYTHONPATH is <into> alone; its entry script
+    is <into>/<resources.ENTRY_SCRIPT>. A previous staging is replaced, never merged into."""
+    from toolkit.resources import TRAINING_PACKAGE
+
+    package = into / TRAINING_PACKAGE.name
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(TRAINING_PACKAGE, package, ignore=IGNORED_CODE)
+    (into / "requirements.txt").write_text(job_requirements(config))
+    return into
+
+
+def code_archive(config: Config) -> bytes:
+    """The staged code tree as one gzipped tar, byte-identical for identical code (sorted, no times or owners):
+    how it travels where only a blob can (a Kubernetes ConfigMap)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="toolkit-code-") as tmp:
+        root = stage_code(Path(tmp), config)
+        buffer = io.BytesIO()
+        with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as packed, tarfile.open(fileobj=packed, mode="w") as tar:
+            for path in sorted(root.rglob("*")):
+                info = tar.gettarinfo(str(path), arcname=str(path.relative_to(root)))
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                if path.is_file():
+                    with path.open("rb") as handle:
+                        tar.addfile(info, handle)
+                else:
+                    tar.addfile(info)
+        return buffer.getvalue()
 
 
 def resume_hint(root: Path) -> str:
     """What the same command does next for this run: which checkpoint it resumes from."""
-    from toolkit.entrypoints.checkpoints import newest_complete
+    from toolkit_train.checkpoints import newest_complete
 
     checkpoint, _ = newest_complete(root / "checkpoints")
     if checkpoint is None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,18 +20,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
+
 from toolkit.config import Config
-from toolkit.entrypoints.settings import FAILED_PREFIX, to_hyperparameters
-from toolkit.resources import ENTRYPOINT
+from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.jobtree import (
     RunBusy,
     place_train_channel,
+    prepare_run_dir,
     resume_hint,
     run_holder,
     settings_file,
+    stage_code,
     take_run_lock,
-    write_settings,
 )
 
 
@@ -41,13 +42,12 @@ def job_root(config: Config) -> Path:
 
 
 def launch_command(config: Config) -> list[str]:
+    """The staged code's entry script (jobtree.stage_code into <run>/code), as every other target runs it."""
+    script = str(job_root(config) / "code" / ENTRY_SCRIPT)
     nproc = config.local.nproc_per_node
     if nproc == 1:
-        return [sys.executable, str(ENTRYPOINT)]
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", str(ENTRYPOINT),
-    ]  # fmt: skip
+        return [sys.executable, script]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
 
 
 @dataclass
@@ -206,7 +206,7 @@ class LocalTarget(Target):
         try:
             self._lay_out(config, root, fresh)
             env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ENTRYPOINT.parents[1]), env.get("PYTHONPATH")]))
+            env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
             process = subprocess.Popen(
                 launch_command(config),
                 cwd=root,
@@ -244,17 +244,8 @@ class LocalTarget(Target):
                 f"data.source {config.data.source} is on S3: the local target reads local data; "
                 "download it, or train with --target training-job"
             )
-        if fresh:
-            for stale in (root / "checkpoints", root / "model", root / "output"):
-                shutil.rmtree(stale, ignore_errors=True)
-        elif _has_checkpoints(root) and _settings_changed(config, root):
-            raise TargetError(
-                f"{root} holds checkpoints of a different config; resuming would mix runs. "
-                "Pass --fresh to start over, or set local.output_dir to another directory"
-            )
-        for outcome in ("failure", "stopped"):  # of an earlier attempt: this one resumes it
-            (root / "output" / outcome).unlink(missing_ok=True)
-        write_settings(config, root)
+        prepare_run_dir(config, root, fresh)
+        stage_code(root / "code", config)
         place_train_channel(config.data.source, root, copy=False)
 
 
@@ -265,15 +256,6 @@ def _busy(config: Config, root: Path, owner: dict) -> str:
         f"`toolkit jobs logs {config.name} --follow -c CONFIG`, stop it with "
         f"`toolkit jobs stop {config.name} -c CONFIG`, or set local.output_dir to train another copy"
     )
-
-
-def _has_checkpoints(root: Path) -> bool:
-    return any((root / "checkpoints").glob("checkpoint-*"))
-
-
-def _settings_changed(config: Config, root: Path) -> bool:
-    written = settings_file(root)
-    return written.exists() and json.loads(written.read_text()) != to_hyperparameters(config.train_settings())
 
 
 TARGET = LocalTarget()

@@ -19,17 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
+
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.instances import instance
-from toolkit.entrypoints.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
-from toolkit.resources import ENTRYPOINTS_DIR as ENTRYPOINTS
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, job_requirements, tail
+from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
+from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
+from toolkit.targets.jobtree import stage_code
 
 # The AWS PyTorch training DLC the job runs on (unless training_job.image_uri): the newest release in the
 # SageMaker SDK's own image catalogue, looked up there for every region (registry accounts differ by region).
 TRAINING_DLC = {"framework": "pytorch", "version": "2.10.0", "py_version": "py313"}
-# Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see entrypoints/train.py).
+# Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see toolkit_train/train.py).
 METRIC_DEFINITIONS = {
     "train:loss": r"\[metrics\] step=\S+ loss=([0-9.eE+-]+)",
     "train:learning_rate": r"\[metrics\] .*learning_rate=([0-9.eE+-]+)",
@@ -90,13 +92,6 @@ def upload_once(s3, config: Config, source: Path, kind: str = "data", key: str |
         aws.upload_tree(s3, source, bucket, prefix)
         s3.put_object(Bucket=bucket, Key=f"{prefix}/{aws.UPLOAD_MARKER}", Body=b"")
     return f"s3://{bucket}/{prefix}/"
-
-
-def stage_code(into: Path, config: Config) -> Path:
-    """The code channel: the `entrypoints` package (importable as such) and the job's locked requirements."""
-    shutil.copytree(ENTRYPOINTS, into / "entrypoints", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (into / "requirements.txt").write_text(job_requirements(config))
-    return into
 
 
 def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, str]:
@@ -330,7 +325,7 @@ class TrainingJobTarget(Target):
             training_image=job.image_uri or default_image(config.aws.region, job.instance_type),
             source_code=SourceCode(
                 source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")), config)),
-                entry_script="entrypoints/train.py",
+                entry_script=ENTRY_SCRIPT,
                 # the built training image holds the locked stack: nothing to install (nor any network at start)
                 requirements=None if config.runs_the_built_training_image() else "requirements.txt",
             ),
@@ -396,7 +391,7 @@ class TrainingJobTarget(Target):
 
 @contextlib.contextmanager
 def _signal_relay_as_pid1():
-    """The SDK's container command (`bash -c "... sm_train.sh"`), run under entrypoints/pid1.py so that SIGTERM to
+    """The SDK's container command (`bash -c "... sm_train.sh"`), run under toolkit_train/pid1.py so that SIGTERM to
     PID 1 reaches torchrun and the ranks. The SDK takes the command from module constants, read when it builds the
     request; they are swapped only for that call."""
     from sagemaker.train import model_trainer
@@ -404,8 +399,8 @@ def _signal_relay_as_pid1():
 
     entrypoint, arguments = model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS
     model_trainer.DEFAULT_CONTAINER_ENTRYPOINT = ["python3"]
-    model_trainer.DEFAULT_CONTAINER_ARGUMENTS = [f"{SM_CODE_CONTAINER_PATH}/entrypoints/pid1.py", *entrypoint,
-                                                 *arguments]  # fmt: skip
+    relay = f"{SM_CODE_CONTAINER_PATH}/{TRAINING_PACKAGE.name}/pid1.py"
+    model_trainer.DEFAULT_CONTAINER_ARGUMENTS = [relay, *entrypoint, *arguments]
     try:
         yield
     finally:

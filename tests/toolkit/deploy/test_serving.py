@@ -117,8 +117,8 @@ def test_the_served_prompt_is_the_trained_prompt(server, trained):
     """vLLM renders gpt-oss requests with harmony, training with the chat template: for the same conversation the
     prompt tokens must be identical (a stray blank line after the developer instructions once made the tiny
     model answer another row's question)."""
-    from toolkit.entrypoints.data import training_chat_template
-    from toolkit.entrypoints.model import load_tokenizer
+    from toolkit_train.data import training_chat_template
+    from toolkit_train.model import load_tokenizer
 
     cfg, _ = trained
     tokenizer = load_tokenizer(cfg.model)

@@ -56,7 +56,7 @@ def test_hyperpod_pytorch_job_has_the_cluster_shape():
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
     assert "hyperpodrun --nnodes=2 --nproc-per-node=8" in container["command"][2]
     settings = json.loads(config_map["data"]["hyperparameters.json"])
-    assert settings["training.distributed"] == '"fsdp"' and "train.py" in config_map["data"]
+    assert settings["training.distributed"] == '"fsdp"' and set(config_map["binaryData"]) == {"code.tar.gz"}
 
 
 def test_kubeflow_pytorch_job_splits_master_and_workers():
@@ -149,7 +149,7 @@ def test_submit_creates_the_config_map_and_job_then_follows_status_and_logs(clus
     job = ORCHESTRATOR.submit(cfg)
     assert set(cluster.objects(HYPERPOD_JOBS)) == {"gpt-oss-120b-lora"}
     (code_map,) = cluster.objects("v1/configmaps").values()
-    assert "train.py" in code_map["data"] and "hyperparameters.json" in code_map["data"]
+    assert "code.tar.gz" in code_map["binaryData"] and "hyperparameters.json" in code_map["data"]
     volumes = cluster.objects(HYPERPOD_JOBS)["gpt-oss-120b-lora"]["spec"]["replicaSpecs"][0]["template"]["spec"]
     assert {"name": "code", "configMap": {"name": code_map["metadata"]["name"]}} in volumes["volumes"]
     assert job.status().status is Status.PENDING

@@ -161,7 +161,7 @@ def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
     assert f"resuming from {root / 'checkpoints' / 'checkpoint-2'}" in "\n".join(lines)
     assert json.loads((root / "model" / "run.json").read_text())["global_step"] == 4
     assert AutoModelForCausalLM.from_pretrained(root / "model" / "merged").config.model_type == "gpt_oss"
-    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
+    from toolkit_train.tiny_model import tiny_gpt_oss_path
 
     adapted = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_gpt_oss_path()), root / "model" / "adapter"

@@ -87,13 +87,13 @@ def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
     assert {"Key": "toolkit:config", "Value": "gpt-oss-20b-lora"} in sent["Tags"]
     stored = keys()
     assert any(k.endswith("/chat.jsonl") and k.startswith("toolkit/data/") for k in stored)
-    assert any(k.endswith("code/entrypoints/train.py") for k in stored)
+    assert any(k.endswith("code/toolkit_train/train.py") for k in stored)
     # PID 1 is the toolkit's signal relay (in the code channel), running the SDK's own command
-    assert any(k.endswith("code/entrypoints/pid1.py") for k in stored)
+    assert any(k.endswith("code/toolkit_train/pid1.py") for k in stored)
     algorithm = sent["AlgorithmSpecification"]
     assert algorithm["ContainerEntrypoint"] == ["python3"]
     relay, *command = algorithm["ContainerArguments"]
-    assert relay == "/opt/ml/input/data/code/entrypoints/pid1.py"
+    assert relay == "/opt/ml/input/data/code/toolkit_train/pid1.py"
     assert command[:2] == ["/bin/bash", "-c"] and "sm_train.sh" in command[2]
     assert any(k.endswith("code/requirements.txt") for k in stored)
     distributed = next(k for k in stored if k.endswith("distributed.json"))

@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from toolkit_train.settings import to_hyperparameters
+
 from toolkit.config import load_config
-from toolkit.entrypoints.settings import to_hyperparameters
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRYPOINT = REPO / "entrypoints" / "train.py"
+ENTRYPOINT = REPO / "entrypoints" / "toolkit_train" / "train.py"
 
 
 def lay_out(root: Path, overrides: list[str], preset: str = "tiny-gpt-oss-local") -> Path:
@@ -24,7 +25,9 @@ def lay_out(root: Path, overrides: list[str], preset: str = "tiny-gpt-oss-local"
 
 
 def entrypoint_env(root: Path) -> dict[str, str]:
-    return dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return dict(
+        os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1", PYTHONPATH=""
+    )  # as in a job: the file imports its own package
 
 
 def run_entrypoint(root: Path, timeout: int = 600) -> subprocess.CompletedProcess:

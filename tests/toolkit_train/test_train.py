@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from tests.entrypoints.helpers import ENTRYPOINT, REPO, entrypoint_env, lay_out, losses, run_entrypoint
+from tests.toolkit_train.helpers import ENTRYPOINT, REPO, entrypoint_env, lay_out, losses, run_entrypoint
 
 pytestmark = pytest.mark.integration
 
@@ -61,9 +61,8 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
 
 
 def test_mxfp4_checkpoint_dequantizes_trains_and_merges(tmp_path):
+    from toolkit_train.tiny_model import tiny_gpt_oss_path
     from transformers import AutoModelForCausalLM
-
-    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
 
     mxfp4 = tiny_gpt_oss_path(mxfp4=True)
     assert json.loads((mxfp4 / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
@@ -146,8 +145,7 @@ def test_the_job_reads_its_hf_token_from_the_named_secret(aws_env, monkeypatch):
     """Inside the container: the secret named by the job's environment is read with the job's role (here the
     emulator's Secrets Manager over HTTP), into this process's memory only."""
     import boto3
-
-    from toolkit.entrypoints import train
+    from toolkit_train import train
 
     token = "hf_" + "t" * 34
     boto3.client("secretsmanager").create_secret(Name="hf-token", SecretString=token)
@@ -184,7 +182,9 @@ def test_every_aws_client_in_a_job_names_its_region():
     package and the EKS export pod's script, makes every boto3 client with region_name."""
     from toolkit.targets.hyperpod_eks import EXPORT_SCRIPT
 
-    sources = {str(p): p.read_text() for p in (REPO / "entrypoints").glob("*.py")} | {"export pod": EXPORT_SCRIPT}
+    sources = {str(p): p.read_text() for p in (REPO / "entrypoints" / "toolkit_train").rglob("*.py")} | {
+        "export pod": EXPORT_SCRIPT
+    }
     assert boto3_calls_without_a_region("import boto3\nboto3.client('s3')\n") == ["line 2: boto3.client"]
     assert {name: found for name, source in sources.items() if (found := boto3_calls_without_a_region(source))} == {}
 
@@ -204,7 +204,7 @@ def _pid1_of(namespace_launcher: subprocess.Popen) -> int:
 def _train_as_sagemaker_runs_it(root, relay: bool) -> tuple[subprocess.Popen, int]:
     """SageMaker's process tree: PID 1 is the SDK's container command, `bash -c "chmod +x sm_train.sh &&
     sm_train.sh"`; sm_train.sh (the SDK's TRAIN_SCRIPT_TEMPLATE: set -e, an ERR trap, several commands) runs the
-    training as a child. With the toolkit's relay, PID 1 is entrypoints/pid1.py running that same command."""
+    training as a child. With the toolkit's relay, PID 1 is toolkit_train/pid1.py running that same command."""
     script = root / "sm_train.sh"
     script.write_text(
         "#!/bin/bash\nset -e\necho 'Starting training script'\n"
@@ -244,8 +244,8 @@ def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path)
     """SageMaker's tree with torchrun (two ranks, as on a multi-GPU instance) and a checkpoint save that takes 40 s
     (a test-only delay before the seal): SIGTERM to PID 1 reaches the ranks, not torchrun, whose own timer (30 s
     before torch 2.12) would kill them mid-save; the checkpoint is complete. SageMaker's window is 120 s."""
-    from toolkit.entrypoints import checkpoints
-    from toolkit.entrypoints.settings import STOP_WINDOW_SECONDS
+    from toolkit_train import checkpoints
+    from toolkit_train.settings import STOP_WINDOW_SECONDS
 
     root = lay_out(tmp_path, ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"])
     os.environ.update(SM_NUM_GPUS="2", TOOLKIT_TEST_SLOW_SAVE_SECONDS="40")
@@ -263,7 +263,7 @@ def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path)
 
 def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
     """StopTrainingJob / a spot interruption: SIGTERM to the container's PID 1. Under the SDK's bare `bash -c` the
-    ranks never hear it and no checkpoint is written; under entrypoints/pid1.py the entrypoint checkpoints and exits
+    ranks never hear it and no checkpoint is written; under toolkit_train/pid1.py the entrypoint checkpoints and exits
     143, resumable."""
     settings = ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"]
     bare = lay_out(tmp_path / "bare", settings)

@@ -25,7 +25,7 @@ GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 # ...with a client made for the job's region, which the toolkit passes too (a container need not know its region;
-# tests/entrypoints/test_train.py fails on any boto3 client in the job made without region_name)
+# tests/toolkit_train/test_train.py fails on any boto3 client in the job made without region_name)
 AWS_REGION_ENV = "TOOLKIT_AWS_REGION"
 # How the entrypoint says why it failed, on its output (read by the local target when output/failure cannot be
 # written, e.g. on a full disk)

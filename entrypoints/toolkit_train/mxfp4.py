@@ -5,7 +5,7 @@ gpt-oss ships its experts in MXFP4: 4-bit e2m1 values, two per byte, and one pow
 The experts are ~96% of gpt-oss-120b's weights: 61 GB packed against ~230 GB in bf16, so packed the whole model
 fits one 141 GB GPU (and the merged model for serving stays ~65 GB). With LoRA on attention the experts are
 frozen, so nothing needs them in bf16 for long: each MoE layer dequantizes its experts into a transient bf16
-tensor, runs the toolkit's fused MoE path (entrypoints/moe.py) with it, and frees it; backward dequantizes again
+tensor, runs the toolkit's fused MoE path (toolkit_train/moe.py) with it, and frees it; backward dequantizes again
 to compute the input gradients (a frozen base has no weight gradients) instead of keeping every layer's bf16
 experts alive until then. Dequantization is exact: e2m1 values times powers of two are bf16 numbers, so
 logits and LoRA gradients equal those of a model whose experts were dequantized at load time.

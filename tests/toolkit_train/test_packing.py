@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from toolkit.entrypoints.data import IGNORE_INDEX
-from toolkit.entrypoints.packing import attention_masks, chunked_cross_entropy, collate, pack, packed_dataset
+from toolkit_train.data import IGNORE_INDEX
+from toolkit_train.packing import attention_masks, chunked_cross_entropy, collate, pack, packed_dataset
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +70,11 @@ def test_position_ids_alone_would_leak(model):
 
 def test_loss_and_lora_gradients_match_the_recipe_path(tiny_model_path, tmp_path):
     import datasets
+    from toolkit_train.model import add_lora
+    from toolkit_train.packing import packed_trainer_class
+    from toolkit_train.settings import LoraSettings
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
-
-    from toolkit.entrypoints.model import add_lora
-    from toolkit.entrypoints.packing import packed_trainer_class
-    from toolkit.entrypoints.settings import LoraSettings
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="eager")
     lora = LoraSettings(dropout=0, target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
@@ -132,12 +130,11 @@ def test_router_loss_under_checkpointing_keeps_nothing_from_the_recomputation(ti
     next step (on the 120b shape ~2.7 MB per token). The loss and gradients must equal the run without
     checkpointing, and nothing recorded may be left after backward."""
     import datasets
+    from toolkit_train.model import add_lora
+    from toolkit_train.packing import packed_trainer_class
+    from toolkit_train.settings import LoraSettings
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
-
-    from toolkit.entrypoints.model import add_lora
-    from toolkit.entrypoints.packing import packed_trainer_class
-    from toolkit.entrypoints.settings import LoraSettings
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="eager")
     model = add_lora(base, LoraSettings(dropout=0), seed=0)

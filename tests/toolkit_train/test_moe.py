@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from toolkit.entrypoints.moe import NAME, register
+from toolkit_train.moe import NAME, register
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -42,10 +41,9 @@ def test_one_block_matches_the_reference_experts(seed):
 
 
 def test_the_whole_model_with_expert_lora_has_the_same_loss_and_gradients(tiny_model_path):
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
     from transformers import AutoModelForCausalLM
-
-    from toolkit.entrypoints.model import add_lora
-    from toolkit.entrypoints.settings import LoraSettings
 
     register()
     lora = LoraSettings(dropout=0.0, target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.entrypoints.helpers import lay_out, losses, run_entrypoint
+from tests.toolkit_train.helpers import lay_out, losses, run_entrypoint
 
 pytestmark = pytest.mark.integration
 

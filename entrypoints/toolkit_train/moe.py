@@ -12,7 +12,7 @@ than half of the block's time. Here the same arithmetic is split into:
 where each bracket is one function that torch.compile fuses into a kernel (and its backward into another), so
 the glue reads and writes each activation once. The GEMMs are transformers' own grouped_mm. Gradients flow to the
 input rows (LoRA on attention) and to the expert weights (LoRA on the experts through PEFT's target_parameters).
-On CPU the bracketed functions run eagerly (no compiler needed); tests/entrypoints/test_moe.py pins that the
+On CPU the bracketed functions run eagerly (no compiler needed); tests/toolkit_train/test_moe.py pins that the
 path computes the reference experts' outputs and gradients.
 """
 
@@ -67,7 +67,7 @@ def fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 def fused_experts(experts, hidden_states, top_k_index, top_k_weights, gate_up, down):
     """The fused path around two grouped GEMMs `gate_up(rows, offsets)` and `down(rows, offsets)` (bf16 weights
-    here, MXFP4 weights dequantized on the fly in entrypoints/mxfp4.py); `experts` holds the biases and SwiGLU."""
+    here, MXFP4 weights dequantized on the fly in toolkit_train/mxfp4.py); `experts` holds the biases and SwiGLU."""
     import torch
 
     num_tokens, top_k = top_k_index.shape

@@ -28,9 +28,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script (SageMaker's source dir): import this directory as a package
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    __package__ = Path(__file__).resolve().parent.name  # "entrypoints" in a job, as installed elsewhere
+if __package__ in (None, ""):  # run as a file (every job's entry script): import it as its package, toolkit_train
+    # the package's parent (the staged code) replaces the package's own folder, whose modules are no top-level names
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    __package__ = "toolkit_train"
     __import__(__package__)
 
 from . import checkpoints
@@ -328,7 +329,7 @@ def report_to_mlflow(settings: TrainSettings, paths: Paths):
     if importlib.util.find_spec("mlflow") is None:
         raise RuntimeError(
             "training.report_to lists mlflow but mlflow is not installed in this environment: "
-            "pip install -r entrypoints/requirements-mlflow.txt (jobs install it themselves)"
+            "pip install -r entrypoints/toolkit_train/requirements-mlflow.txt (jobs install it themselves)"
         )
     os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri
     os.environ["MLFLOW_EXPERIMENT_NAME"] = tracking.experiment

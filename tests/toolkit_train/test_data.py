@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from toolkit.entrypoints.data import IGNORE_INDEX, DataError, PrepareReport, load_rows, prepare
-from toolkit.entrypoints.settings import SAMPLE_DATASET, DataSettings
+from toolkit_train.data import IGNORE_INDEX, DataError, PrepareReport, load_rows, prepare
+from toolkit_train.settings import SAMPLE_DATASET, DataSettings
 
 
 @pytest.fixture(scope="module")

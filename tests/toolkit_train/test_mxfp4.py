@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
+from toolkit_train import mxfp4
+from toolkit_train.model import add_lora, load_model, resolve_model_path
+from toolkit_train.settings import LoraSettings, ModelSettings
 
-from tests.entrypoints.helpers import lay_out, losses, run_entrypoint
-from toolkit.entrypoints import mxfp4
-from toolkit.entrypoints.model import add_lora, load_model, resolve_model_path
-from toolkit.entrypoints.settings import LoraSettings, ModelSettings
+from tests.toolkit_train.helpers import lay_out, losses, run_entrypoint
 
 TINY_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"
 
@@ -103,9 +103,8 @@ def test_the_first_forward_keeps_no_dequantized_weights_into_the_loss(checkpoint
 def test_entrypoint_trains_packed_experts_and_merges_them_as_mxfp4(tmp_path):
     from peft import PeftModel
     from safetensors import safe_open
+    from toolkit_train.tiny_model import tiny_gpt_oss_path
     from transformers import AutoModelForCausalLM, Mxfp4Config
-
-    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
 
     overrides = [f"model.id={TINY_MXFP4}", "model.experts=mxfp4", "lora.target_parameters=[]", "training.max_steps=3"]
     root = lay_out(tmp_path, overrides)
@@ -142,7 +141,7 @@ import sys, threading, time, torch, safetensors.torch
 from transformers import AutoConfig, AutoModelForCausalLM, Mxfp4Config
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.integrations import mxfp4
-from toolkit.entrypoints.mxfp4 import load_packed
+from toolkit_train.mxfp4 import load_packed
 
 def anon_kib():
     for line in open("/proc/self/status"):
@@ -174,9 +173,8 @@ def test_packed_loading_holds_one_copy_of_the_packed_model(tmp_path):
     import subprocess
     import sys
 
+    from toolkit_train.tiny_model import _save_mxfp4
     from transformers import GptOssConfig, GptOssForCausalLM
-
-    from toolkit.entrypoints.tiny_model import _save_mxfp4
 
     config = GptOssConfig(hidden_size=512, intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
                           num_key_value_heads=2, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
@@ -203,8 +201,7 @@ def test_a_local_checkpoint_is_recognised_by_its_config_not_its_name(tmp_path):
     A path that is not on this machine (a cluster's /fsx) is left to the job's load; another architecture here is
     refused with what to do."""
     from pydantic import ValidationError
-
-    from toolkit.entrypoints.settings import TrainSettings
+    from toolkit_train.settings import TrainSettings
 
     def settings(model_id: str) -> TrainSettings:
         return TrainSettings.model_validate(

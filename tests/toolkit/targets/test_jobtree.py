@@ -1,0 +1,75 @@
+"""The run's layout, the same on every target: one code tree (every file of the training package arrives, a
+subpackage or data file too), the foreign-checkpoint guard and --fresh, and no links in the repository."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from toolkit.config import load_config
+from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
+from toolkit.targets.base import TargetError
+from toolkit.targets.jobtree import code_archive, prepare_run_dir, stage_code
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _package_files() -> set[str]:
+    listed = subprocess.run(["git", "ls-files", str(TRAINING_PACKAGE)], cwd=REPO, capture_output=True, text=True)
+    return {str(Path(name).relative_to("entrypoints")) for name in listed.stdout.split()}
+
+
+@pytest.fixture
+def config(tmp_path):
+    return load_config("tiny-gpt-oss-local", [f"local.output_dir={tmp_path}/{{name}}"])
+
+
+def test_the_staged_tree_and_the_archive_hold_every_file_of_the_training_package(config, tmp_path, monkeypatch):
+    staged = stage_code(tmp_path / "code", config)
+    on_disk = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
+    assert on_disk == _package_files() | {"requirements.txt"}
+    archived = tarfile.open(fileobj=io.BytesIO(code_archive(config)), mode="r:gz")
+    assert {m.name for m in archived.getmembers() if m.isfile()} == on_disk
+    assert code_archive(config) == code_archive(config)  # content-named ConfigMaps stay stable across submits
+    # a new file in a new subpackage travels too (the EKS path once flattened *.py into a ConfigMap)
+    package = tmp_path / "pkg" / TRAINING_PACKAGE.name
+    import shutil
+
+    shutil.copytree(TRAINING_PACKAGE, package)
+    (package / "extra").mkdir()
+    (package / "extra" / "table.json").write_text("{}")
+    monkeypatch.setattr("toolkit.resources.TRAINING_PACKAGE", package)
+    archived = tarfile.open(fileobj=io.BytesIO(code_archive(config)), mode="r:gz")
+    assert f"{TRAINING_PACKAGE.name}/extra/table.json" in archived.getnames()
+
+
+def test_the_staged_entry_script_runs_with_only_the_staged_code_on_its_path(config, tmp_path):
+    staged = stage_code(tmp_path / "code", config)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(staged), "TOOLKIT_ML_ROOT": str(tmp_path / "ml")}
+    ran = subprocess.run([sys.executable, str(staged / ENTRY_SCRIPT)], env=env, capture_output=True, text=True)
+    assert ran.returncode == 1 and "no hyperparameters" in (tmp_path / "ml" / "output" / "failure").read_text()
+    probe = "import sys, toolkit_train.train as t; print(t.__name__, [p for p in sys.path if 'code' in p])"
+    shown = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert shown.stdout.split()[0] == "toolkit_train.train", shown.stderr
+
+
+def test_foreign_checkpoints_refuse_and_fresh_clears(config, tmp_path):
+    root = tmp_path / "run"
+    prepare_run_dir(config, root, fresh=False)
+    (root / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    prepare_run_dir(config, root, fresh=False)  # same settings: resumes
+    other = load_config("tiny-gpt-oss-local", ["lora.r=4"])
+    with pytest.raises(TargetError, match="checkpoints of a different config.*--fresh"):
+        prepare_run_dir(other, root, fresh=False)
+    prepare_run_dir(other, root, fresh=True)
+    assert not (root / "checkpoints").exists()
+
+
+def test_the_repository_holds_no_links():
+    listed = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert [line for line in listed.stdout.splitlines() if line.startswith("120000")] == []
