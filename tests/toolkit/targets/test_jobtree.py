@@ -4,6 +4,7 @@ subpackage or data file too), the foreign-checkpoint guard and --fresh, and no l
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,6 +25,11 @@ def _package_files() -> set[str]:
     return {str(Path(name).relative_to("entrypoints")) for name in listed.stdout.split()}
 
 
+def _archived(config) -> set[str]:
+    with tarfile.open(fileobj=io.BytesIO(code_archive(config)), mode="r:gz") as archive:
+        return {member.name for member in archive.getmembers() if member.isfile()}
+
+
 @pytest.fixture
 def config(tmp_path):
     return load_config("tiny-gpt-oss-local", [f"local.output_dir={tmp_path}/{{name}}"])
@@ -33,19 +39,15 @@ def test_the_staged_tree_and_the_archive_hold_every_file_of_the_training_package
     staged = stage_code(tmp_path / "code", config)
     on_disk = {str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file()}
     assert on_disk == _package_files() | {"requirements.txt"}
-    archived = tarfile.open(fileobj=io.BytesIO(code_archive(config)), mode="r:gz")
-    assert {m.name for m in archived.getmembers() if m.isfile()} == on_disk
+    assert _archived(config) == on_disk
     assert code_archive(config) == code_archive(config)  # content-named ConfigMaps stay stable across submits
     # a new file in a new subpackage travels too (the EKS path once flattened *.py into a ConfigMap)
     package = tmp_path / "pkg" / TRAINING_PACKAGE.name
-    import shutil
-
     shutil.copytree(TRAINING_PACKAGE, package)
     (package / "extra").mkdir()
     (package / "extra" / "table.json").write_text("{}")
     monkeypatch.setattr("toolkit.resources.TRAINING_PACKAGE", package)
-    archived = tarfile.open(fileobj=io.BytesIO(code_archive(config)), mode="r:gz")
-    assert f"{TRAINING_PACKAGE.name}/extra/table.json" in archived.getnames()
+    assert f"{TRAINING_PACKAGE.name}/extra/table.json" in _archived(config)
 
 
 def test_the_staged_entry_script_runs_with_only_the_staged_code_on_its_path(config, tmp_path):
