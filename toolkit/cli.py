@@ -152,16 +152,12 @@ def data_prepare(
 ) -> None:
     """Validate, render and tokenize the data once; print token statistics; save it."""
     from rich.table import Table
-    from toolkit_train.data import DataError
 
     from toolkit.sdk import prepare_data
 
     cfg = load(source, set_)
-    try:
-        with status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
-            report = prepare_data(cfg, output)
-    except DataError as exc:
-        fail(str(exc))
+    with status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
+        report = prepare_data(cfg, output)
     table = Table("statistic", "value", title=f"{cfg.data.source} ({cfg.data.format})")
     for key, value in report.items():
         if key not in ("output", "bad_rows"):
@@ -183,18 +179,12 @@ def train(
 ) -> None:
     """Train with LoRA on a target and wait for the result."""
     from toolkit import sdk
-    from toolkit.aws import AwsError
-    from toolkit.config import ConfigError
-    from toolkit.targets.base import TargetError
 
     cfg = load(source, set_)
-    try:
-        if dry_run:
-            sys.stdout.write(sdk.render_train(cfg, target) + "\n")
-            return
-        job = sdk.train(cfg, target, fresh=fresh)
-    except (ConfigError, TargetError, AwsError) as exc:
-        fail(str(exc))
+    if dry_run:
+        sys.stdout.write(sdk.render_train(cfg, target) + "\n")
+        return
+    job = sdk.train(cfg, target, fresh=fresh)  # its errors take the exit code of their kind (toolkit.errors)
     state = follow(job)
     if as_json:
         emit_json(state)
@@ -253,9 +243,9 @@ def follow(job):
 
 
 def _stop_now(job) -> None:
-    from toolkit.targets.base import TargetError
+    from toolkit.errors import BadInput, Failed
 
-    with contextlib.suppress(TargetError):  # it may have ended meanwhile
+    with contextlib.suppress(BadInput, Failed):  # it may have ended meanwhile
         job.stop(now=True)
 
 
@@ -373,11 +363,11 @@ def infra_deploy(
     """Create or update the stack: show the parameters and changes, then apply them with progress."""
     from rich.table import Table
 
-    from toolkit import infra, sdk
+    from toolkit import sdk
 
     settings = _aws_settings(config)
-    export = infra.ExportRole(export_eks_cluster, export_namespace, export_service_account)
-    parameters = infra.parameters(
+    export = sdk.ExportRole(export_eks_cluster, export_namespace, export_service_account)
+    parameters = sdk.infra_parameters(
         settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc, mlflow_tracking_server, export
     )
     shown = Table("parameter", "value", title=f"stack {stack} parameters")
@@ -411,7 +401,7 @@ def infra_outputs(
     as_json: JsonOpt = False,
 ) -> None:
     """Print the stack's outputs, or write them into a config file (base + aws section)."""
-    from toolkit import infra, sdk
+    from toolkit import sdk
 
     settings = _aws_settings(config)
     values = sdk.infra_outputs(settings, stack)
@@ -422,7 +412,7 @@ def infra_outputs(
         for key, value in values.items():
             out.print(f"{key}: {value}", highlight=False)
         return
-    write.write_text(infra.config_overlay(base, values, settings.region))
+    write.write_text(sdk.infra_config_overlay(base, values, settings.region))
     load(str(write), None)  # what we wrote must validate
     out.print(f"wrote {write}", highlight=False)
 
@@ -596,7 +586,7 @@ def invoke(
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
+    from toolkit.sdk import ChatReply, messages_for, reply_problems, wait_for
 
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
+from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
+from toolkit.infra import ExportRole
 from toolkit.targets.base import Job, JobState, get_target
+
+# The chat vocabulary (a reply, the messages of a question, what is wrong with a reply, waiting for a server) and
+# the stack's export role are part of the SDK: the CLI and CI scripts use them from here, never from below.
+__all__ = ["ChatReply", "ExportRole", "messages_for", "reply_problems", "wait_for"]
 
 if TYPE_CHECKING:
     from toolkit.config.models import AwsSettings
@@ -137,6 +143,30 @@ def infra_apply(settings: AwsSettings, planned: Plan, on_event: Callable[[str], 
     from toolkit import infra
 
     return infra.apply(settings, planned, on_event or (lambda _: None))
+
+
+def infra_parameters(
+    settings: AwsSettings,
+    name_prefix: str,
+    kms: bool,
+    hf_token_secret: str,
+    data_buckets: list[str],
+    vpc: bool,
+    mlflow_tracking_server: str,
+    export: ExportRole,
+) -> dict[str, str]:
+    """The stack's parameters for these choices (validated: bucket names, ARNs)."""
+    from toolkit import infra
+
+    return infra.parameters(settings, name_prefix, kms, hf_token_secret, data_buckets, vpc, mlflow_tracking_server,
+                            export)  # fmt: skip
+
+
+def infra_config_overlay(base: str, values: dict[str, str], region: str) -> str:
+    """A config file's text that takes `base` and fills the AWS fields from the stack outputs."""
+    from toolkit import infra
+
+    return infra.config_overlay(base, values, region)
 
 
 def infra_outputs(settings: AwsSettings, stack: str = "toolkit") -> dict[str, str]:
