@@ -7,8 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import toolkit
 import toolkit_train
+
+import toolkit
 
 CLI_MAY_IMPORT = ("toolkit.sdk", "toolkit.errors", "toolkit.config")
 
