@@ -168,6 +168,20 @@ def model_prefix(prefix: str, config_name: str) -> str:
 UPLOAD_MARKER = ".toolkit-complete"  # written last under an uploaded prefix: there, the upload is whole
 
 
+def upload_once(s3, settings: AwsSettings, source: Path, kind: str = "data", key: str | None = None) -> str:
+    """Upload a local file or tree under `{prefix}/{kind}/{key}/` (key: the content digest unless given); a marker
+    object proves a complete earlier upload, so a rerun uploads nothing."""
+    from toolkit import digest
+
+    bucket = settings.bucket
+    assert bucket is not None  # callers check aws.bucket first
+    prefix = f"{settings.prefix}/{kind}/{key or digest.of_files(source)}"
+    if not upload_complete(s3, bucket, prefix):
+        upload_tree(s3, source, bucket, prefix)
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{UPLOAD_MARKER}", Body=b"")
+    return f"s3://{bucket}/{prefix}/"
+
+
 def upload_complete(s3: Any, bucket: str, prefix: str) -> bool:
     """Whether an earlier upload under `prefix` finished (its marker exists)."""
     try:
@@ -185,3 +199,16 @@ def upload_tree(s3: Any, source: Path, bucket: str, prefix: str) -> None:
     for file in files:
         relative = file.name if source.is_file() else file.relative_to(source).as_posix()
         s3.upload_file(str(file), bucket, f"{prefix.rstrip('/')}/{relative}".lstrip("/"))
+
+
+def model_artifacts(description: dict) -> dict[str, str]:
+    """Where the job's /opt/ml/model went: uncompressed under <S3OutputPath>/<job>/output/model/ (AWS's layout for
+    CompressionType NONE; an S3 prefix the endpoint serves as is), or a model.tar.gz from older jobs."""
+    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
+    if not model:
+        return {}
+    output = description.get("OutputDataConfig", {})
+    if output.get("CompressionType") == "NONE":
+        prefix = f"{output['S3OutputPath'].rstrip('/')}/{description['TrainingJobName']}/output/model/"
+        return {"model": prefix, "adapter": f"{prefix}adapter/", "merged": f"{prefix}merged/"}
+    return {"model": model, "adapter": f"{model}#adapter/", "merged": f"{model}#merged/"}

@@ -162,7 +162,7 @@ def dlc_catalogue() -> dict[str, str]:
     import json
     from importlib import resources
 
-    from toolkit.targets.training_job import TRAINING_DLC
+    from toolkit.sagemaker_sdk import TRAINING_DLC
 
     catalogue = json.loads((resources.files("sagemaker.core") / "image_uri_config" / "pytorch.json").read_text())
     return catalogue["training"]["versions"][TRAINING_DLC["version"]]["registries"]

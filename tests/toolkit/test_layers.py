@@ -45,3 +45,13 @@ def test_the_training_code_imports_no_toolkit_module():
         if name == "toolkit" or name.startswith("toolkit.")
     }
     assert found == set()
+
+
+def test_deploy_the_sdk_and_the_config_never_reach_into_a_named_target():
+    """Deploy, the registry and the SDK ask the target contract (toolkit.targets.base: latest, servable_model);
+    a target's own module is imported only by the registry of targets."""
+    root = Path(toolkit.__file__).parent
+    named = ("toolkit.targets.local", "toolkit.targets.training_job", "toolkit.targets.hyperpod")
+    sources = [*(root / "deploy").glob("*.py"), *(root / "config").glob("*.py"), root / "sdk.py", root / "aws.py"]
+    found = {f"{path.name}: {name}" for path in sources for name in _imports(path) if name.startswith(named)}
+    assert found == set()

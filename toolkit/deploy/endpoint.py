@@ -7,14 +7,12 @@ only after the new config serves; a failed update is rolled back by SageMaker an
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit import aws
+from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
 
@@ -325,7 +323,7 @@ class Endpoints:
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+    return digest.of_value(value, 10)
 
 
 def _resource_name(request: Request) -> str:
@@ -349,16 +347,6 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
         if not chosen.startswith("s3://"):
             raise DeployInputError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
-    if config.target == "hyperpod":
-        from toolkit.targets.hyperpod import model_for_serving
+    from toolkit.targets.base import get_target
 
-        return model_for_serving(config, dry_run)
-    from toolkit.targets.training_job import TrainingJobTarget
-
-    latest = TrainingJobTarget().latest_completed(config)
-    if latest is None:
-        raise DeployInputError(
-            f"no completed training job of {config.name} found: run `toolkit train {config.name} "
-            "--target training-job` first, or set serving.model_data (or pass --model-data s3://...)"
-        )
-    return latest.artifacts["model"]
+    return get_target(config.target).servable_model(config, dry_run)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import re
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from toolkit import aws
+from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.config.models import CONTENT_TAG_DIGITS, IMAGE_TAG_PREFIXES
 from toolkit.deploy import DeployError, DeployInputError
@@ -69,7 +68,7 @@ def image_spec(config: Config, kind: ImageKind) -> ImageSpec:
         return ImageSpec(kind, config.serving.repository, config.serving.base_image)
     base = config.hyperpod.base_image
     if base is None:  # the region's own copy of the DLC the training jobs run (ECR logins are per region)
-        from toolkit.targets.training_job import default_image
+        from toolkit.sagemaker_sdk import default_image
 
         base = default_image(config.aws.region, config.hyperpod.instance_type)
     return ImageSpec(kind, config.hyperpod.image_repository, base)
@@ -89,10 +88,7 @@ def build_context(kind: ImageKind) -> Iterator[Path]:
 
 
 def context_tag(context: Path, base_image: str | None, prefix: str = "serve") -> str:
-    digest = hashlib.sha256((base_image or "").encode())
-    for path in sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(context)).encode() + b"\0" + path.read_bytes())
-    return f"{prefix}-" + digest.hexdigest()[:CONTENT_TAG_DIGITS]
+    return f"{prefix}-" + digest.of_files(context, CONTENT_TAG_DIGITS, salt=base_image or "")
 
 
 def login(config: Config) -> Registry:

@@ -14,7 +14,6 @@ from toolkit import aws
 from toolkit.config import Config
 from toolkit.deploy import DeployInputError, vllm_environment
 from toolkit.deploy.endpoint import model_data_fields
-from toolkit.targets.training_job import model_artifacts
 
 APPROVAL = {True: "Approved", False: "PendingManualApproval"}
 
@@ -29,9 +28,9 @@ class Registration:
 
 def _latest_job(config: Config, sagemaker: Any, job_name: str | None) -> dict:
     if job_name is None:
-        from toolkit.targets.training_job import TrainingJobTarget
+        from toolkit.targets.base import get_target
 
-        latest = TrainingJobTarget().latest_completed(config)
+        latest = get_target("training-job").latest(config)  # a model package records its training job
         if latest is None:
             raise DeployInputError(
                 f"no completed training job of {config.name} found: train with --target training-job first, "
@@ -92,7 +91,7 @@ def register(
                 {
                     "Image": image_uri,
                     "Environment": vllm_environment(config),
-                    **model_data_fields(model_artifacts(job)["model"]),
+                    **model_data_fields(aws.model_artifacts(job)["model"]),
                 }
             ],
             "SupportedContentTypes": ["application/json"],

@@ -90,6 +90,17 @@ class Target(ABC):
     def attach(self, config: Config, job_name: str) -> Job:
         """A handle on an existing job; `TargetError` ("no such ... job") when the target does not know it."""
 
+    # The hand-over to deploy and the registry: they ask these two, never a named target.
+    @abstractmethod
+    def latest(self, config: Config) -> JobState | None:
+        """The newest completed run of this config on this target (with its artifacts), or None."""
+
+    @abstractmethod
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        """The S3 prefix an endpoint serves for the newest completed run, made available there once (uploaded or
+        exported from where the target keeps it); a dry run names it and moves nothing. `TargetError` (saying
+        how to get one) when there is no completed run."""
+
 
 def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], follow: bool, poll: float):
     """Lines as they arrive; with follow, until the job has finished (then the last ones)."""

@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 
 from toolkit.config import Config
-from toolkit.targets.base import Job, Target, TargetError
+from toolkit.targets.base import Job, JobState, Target, TargetError
 from toolkit.targets.jobtree import place_train_channel, prepare_run_dir, stage_code
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
@@ -51,33 +51,13 @@ class HyperPodTarget(Target):
     def attach(self, config: Config, job_name: str) -> Job:
         return self._delegate(config).attach(config, job_name)
 
+    def latest(self, config: Config) -> JobState | None:
+        return self._delegate(config).latest(config)
+
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        """Slurm: uploaded from the shared filesystem (mounted where the toolkit runs: the head node); EKS: the
+        client cannot mount FSx, so a Job in the cluster exports it."""
+        return self._delegate(config).servable_model(config, dry_run)
+
 
 TARGET = HyperPodTarget()
-
-
-def model_for_serving(config: Config, dry_run: bool = False) -> str:
-    """The hand-over from a HyperPod run to `toolkit deploy`: the run's model directory (adapter, merged model,
-    run.json) on the shared filesystem, uploaded once to S3 under a key naming the run, as the S3 prefix an
-    endpoint serves. Runs where the shared filesystem is mounted (the Slurm head node); on EKS, where the
-    client cannot mount FSx, a Job in the cluster uploads it. A dry run names the prefix and uploads nothing."""
-    import hashlib
-
-    if config.hyperpod.orchestrator == "eks":
-        return importlib.import_module(ORCHESTRATORS["eks"]).export_model(config, dry_run)
-
-    from toolkit import aws
-    from toolkit.targets.training_job import upload_once
-
-    model = job_dir(config) / "model"
-    run = model / "run.json"
-    if not run.exists():
-        raise TargetError(
-            f"no completed HyperPod run of {config.name} in {model}: run `toolkit deploy` on the cluster's head "
-            f"node after `toolkit train {config.name} --target hyperpod` completes, or set serving.model_data to "
-            "the model's S3 prefix"
-        )
-    aws.require(config.aws, "bucket")
-    kind, key = f"models/{config.name}", hashlib.sha256(run.read_bytes()).hexdigest()[:16]
-    if dry_run:
-        return f"s3://{config.aws.bucket}/{config.aws.prefix}/{kind}/{key}/"
-    return upload_once(aws.client(config.aws, "s3"), config, model, kind=kind, key=key)

@@ -9,7 +9,6 @@ is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import shlex
@@ -28,6 +27,7 @@ from toolkit_train.settings import (
     to_hyperparameters,
 )
 
+from toolkit import digest
 from toolkit.aws import UPLOAD_MARKER
 from toolkit.config import Config
 from toolkit.config.instances import instance
@@ -152,7 +152,7 @@ def manifests(config: Config, fresh_token: str | None = None) -> list[dict[str, 
     metadata = {"name": config.name, "namespace": hp.namespace, "labels": labels}
     payload = code_data(config)
     # named by content: a re-submission never changes the code under pods that are still running
-    code_map = f"{config.name}-code-" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:10]
+    code_map = f"{config.name}-code-" + digest.of_value(payload, 10)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -395,6 +395,17 @@ def _run_export(config: Config, job: dict[str, Any], poll_seconds: float) -> Non
 
 class EksOrchestrator(Target):
     name = "hyperpod (eks)"
+
+    def latest(self, config: Config) -> JobState | None:
+        """The run's job object, when the cluster still holds it and it completed (pods cannot be read from here)."""
+        try:
+            state = self.attach(config, config.name).status()
+        except TargetError:
+            return None
+        return state if state.status is Status.COMPLETED else None
+
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        return export_model(config, dry_run)
 
     def render(self, config: Config) -> str:
         return yaml.safe_dump_all(manifests(config), sort_keys=False)

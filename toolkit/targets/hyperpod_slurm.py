@@ -25,6 +25,7 @@ from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, complete_lines, tail
 from toolkit.targets.hyperpod import job_dir, stage
+from toolkit.targets.jobtree import completed_run, upload_run_model
 
 RENDEZVOUS_PORT = 29500
 QUERY_RETRIES = 5  # consecutive failed scontrol queries a wait rides out before giving up
@@ -255,6 +256,14 @@ class SlurmOrchestrator(Target):
         if submitted.returncode != 0:
             raise TargetError(f"sbatch refused the job: {submitted.stderr.strip()}")
         return SlurmJob(submitted.stdout.strip().split(";")[0], root)
+
+    def latest(self, config: Config) -> JobState | None:
+        return completed_run(config.name, job_dir(config))
+
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        where = (f": run `toolkit deploy` on the cluster's head node after `toolkit train {config.name} --target "
+                 "hyperpod` completes")  # fmt: skip
+        return upload_run_model(config, job_dir(config), where, dry_run)
 
     def attach(self, config: Config, job_name: str) -> SlurmJob:
         shown = _run("scontrol", "show", "job", job_name, "--oneliner")

@@ -14,11 +14,15 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from toolkit_train.settings import to_hyperparameters
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
+
+if TYPE_CHECKING:
+    from toolkit.targets.base import JobState
 
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
 RUN_OUTPUTS = ("checkpoints", "model", "output")  # what a run writes, and what --fresh clears
@@ -95,6 +99,35 @@ def code_archive(config: Config) -> bytes:
                 else:
                     tar.addfile(info)
         return buffer.getvalue()
+
+
+def completed_run(name: str, root: Path) -> JobState | None:
+    """A run directory's outcome when its run is complete (run.json, written last, is there), with what it holds."""
+    from toolkit.targets.base import JobState, Status
+
+    model = root / "model"
+    if not (model / "run.json").exists():
+        return None
+    held = {kind: str(model / kind) for kind in ("adapter", "merged") if (model / kind).exists()}
+    return JobState(name, Status.COMPLETED, artifacts=held)
+
+
+def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> str:
+    """A completed run directory's model (adapter, merged model, run.json), uploaded once to S3 under a key that
+    names the run (run.json's digest), as the S3 prefix an endpoint serves. A dry run names it, uploads nothing."""
+    from toolkit import aws, digest
+    from toolkit.targets.base import TargetError
+
+    model, run = root / "model", root / "model" / "run.json"
+    if not run.exists():
+        raise TargetError(
+            f"no completed run of {config.name} in {model}{where}, or set serving.model_data to the model's S3 prefix"
+        )
+    aws.require(config.aws, "bucket")
+    kind, key = f"models/{config.name}", digest.of_files(run)
+    if dry_run:
+        return f"s3://{config.aws.bucket}/{config.aws.prefix}/{kind}/{key}/"
+    return aws.upload_once(aws.client(config.aws, "s3"), config.aws, model, kind=kind, key=key)
 
 
 def resume_hint(root: Path) -> str:

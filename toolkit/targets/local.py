@@ -27,6 +27,7 @@ from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.jobtree import (
     RunBusy,
+    completed_run,
     place_train_channel,
     prepare_run_dir,
     resume_hint,
@@ -34,6 +35,7 @@ from toolkit.targets.jobtree import (
     settings_file,
     stage_code,
     take_run_lock,
+    upload_run_model,
 )
 
 
@@ -236,6 +238,14 @@ class LocalTarget(Target):
                 f"local.output_dir ({root}); start it with `toolkit train {config.name} --target local`"
             )
         return LocalJob(job_name, root)
+
+    def latest(self, config: Config) -> JobState | None:
+        return completed_run(config.name, job_root(config))
+
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        """A local run's model, uploaded once to the config's bucket (endpoints read S3)."""
+        return upload_run_model(config, job_root(config), f": train it with `toolkit train {config.name}` first",
+                                dry_run)  # fmt: skip
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:

@@ -7,8 +7,6 @@ once per content hash; a dry run renders the exact CreateTrainingJob request and
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -21,16 +19,13 @@ from typing import Any
 
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 
-from toolkit import aws
+from toolkit import aws, digest, sagemaker_sdk
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import stage_code
 
-# The AWS PyTorch training DLC the job runs on (unless training_job.image_uri): the newest release in the
-# SageMaker SDK's own image catalogue, looked up there for every region (registry accounts differ by region).
-TRAINING_DLC = {"framework": "pytorch", "version": "2.10.0", "py_version": "py313"}
 # Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see toolkit_train/train.py).
 METRIC_DEFINITIONS = {
     "train:loss": r"\[metrics\] step=\S+ loss=([0-9.eE+-]+)",
@@ -48,50 +43,6 @@ STATUS = {
 }
 CONFIG_TAG = "toolkit:config"
 USER_VALIDATE_ROLE = os.environ.get("SAGEMAKER_VALIDATE_ROLE", "true")
-
-
-def default_image(region: str, instance_type: str) -> str:
-    """The training DLC's URI in `region`, from the SageMaker SDK's image catalogue (offline, a file it ships)."""
-    _opt_out_of_sdk_telemetry()
-    from sagemaker.core import image_uris
-
-    try:
-        return image_uris.retrieve(region=region, instance_type=instance_type, image_scope="training", **TRAINING_DLC)
-    except ValueError as exc:
-        raise TargetError(
-            f"aws.region: no AWS PyTorch {TRAINING_DLC['version']} training image in {region} ({exc}); "
-            "set training_job.image_uri to an image in your registry"
-        ) from None
-
-
-def _opt_out_of_sdk_telemetry() -> None:
-    """The SDK phones home to an S3 host unless told not to; say so before it is imported."""
-    if "SAGEMAKER_USER_CONFIG_OVERRIDE" in os.environ:
-        return
-    path = Path(tempfile.gettempdir()) / "toolkit-sagemaker-config.yaml"
-    path.write_text("SchemaVersion: '1.0'\nSageMaker:\n  PythonSDK:\n    Modules:\n      TelemetryOptOut: true\n")
-    os.environ["SAGEMAKER_USER_CONFIG_OVERRIDE"] = str(path)
-
-
-def content_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for file in files:
-        digest.update(str(file.relative_to(path if path.is_dir() else path.parent)).encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def upload_once(s3, config: Config, source: Path, kind: str = "data", key: str | None = None) -> str:
-    """Upload a local file or tree under `{prefix}/{kind}/{key}/` (key: the content hash unless given); a marker
-    object proves a complete earlier upload, so a rerun uploads nothing."""
-    bucket = config.aws.bucket
-    assert bucket is not None  # callers check aws.bucket first
-    prefix = f"{config.aws.prefix}/{kind}/{key or content_hash(source)}"
-    if not aws.upload_complete(s3, bucket, prefix):
-        aws.upload_tree(s3, source, bucket, prefix)
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{aws.UPLOAD_MARKER}", Body=b"")
-    return f"s3://{bucket}/{prefix}/"
 
 
 def token_environment(config: Config, boto_session, dry_run: bool) -> dict[str, str]:
@@ -176,22 +127,9 @@ class TrainingJob(Job):
             time.sleep(poll_seconds)
 
 
-def model_artifacts(description: dict) -> dict[str, str]:
-    """Where the job's /opt/ml/model went: uncompressed under <S3OutputPath>/<job>/output/model/ (AWS's layout for
-    CompressionType NONE; an S3 prefix the endpoint serves as is), or a model.tar.gz from older jobs."""
-    model = description.get("ModelArtifacts", {}).get("S3ModelArtifacts")
-    if not model:
-        return {}
-    output = description.get("OutputDataConfig", {})
-    if output.get("CompressionType") == "NONE":
-        prefix = f"{output['S3OutputPath'].rstrip('/')}/{description['TrainingJobName']}/output/model/"
-        return {"model": prefix, "adapter": f"{prefix}adapter/", "merged": f"{prefix}merged/"}
-    return {"model": model, "adapter": f"{model}#adapter/", "merged": f"{model}#merged/"}
-
-
 def _state(description: dict) -> JobState:
     status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
-    artifacts = model_artifacts(description)
+    artifacts = aws.model_artifacts(description)
     detail = description.get("FailureReason", "") or description.get("SecondaryStatus", "")
     return JobState(description["TrainingJobName"], status, detail, artifacts)
 
@@ -224,14 +162,17 @@ class TrainingJobTarget(Target):
                 f"logs {running} --follow -c CONFIG`, stop it with `toolkit jobs stop {running} -c CONFIG`, or pass "
                 "--fresh to start another job beside it"
             )
-        job_name = _unique_job_name(config)
+        job_name = sagemaker_sdk.unique_job_name(config.name)
         trainer, boto_session = self._trainer(config, dry_run=False, job_name=job_name)
         try:
-            with _signal_relay_as_pid1(), _job_named(job_name):
+            with (
+                sagemaker_sdk.signal_relay_as_pid1(f"{TRAINING_PACKAGE.name}/pid1.py"),
+                sagemaker_sdk.job_named(job_name),
+            ):
                 trainer.train(wait=False, logs=False)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
-        job_name = trainer._latest_training_job.training_job_name
+        job_name = sagemaker_sdk.submitted_job_name(trainer)
         return TrainingJob(job_name, config, boto_session)
 
     def attach(self, config: Config, job_name: str) -> TrainingJob:
@@ -263,7 +204,17 @@ class TrainingJobTarget(Target):
         mine = [job["TrainingJobName"] for job in jobs if job["TrainingJobName"].startswith(f"{config.name}-")]
         return mine[0] if mine else None
 
-    def latest_completed(self, config: Config) -> JobState | None:
+    def servable_model(self, config: Config, dry_run: bool = False) -> str:
+        """The newest completed job's model prefix (already on S3: the job wrote it there)."""
+        latest = self.latest(config)
+        if latest is None:
+            raise TargetError(
+                f"no completed training job of {config.name} found: run `toolkit train {config.name} "
+                "--target training-job` first, or set serving.model_data (or pass --model-data s3://...)"
+            )
+        return latest.artifacts["model"]
+
+    def latest(self, config: Config) -> JobState | None:
         """The newest completed job of this config: what `toolkit deploy` serves by default."""
         client = aws.client(config.aws, "sagemaker")
         jobs = client.list_training_jobs(
@@ -276,11 +227,14 @@ class TrainingJobTarget(Target):
         return None
 
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
-        job_name = _unique_job_name(config)
+        job_name = sagemaker_sdk.unique_job_name(config.name)
         trainer, _ = self._trainer(config, dry_run=dry_run, job_name=job_name)
         try:
-            with _signal_relay_as_pid1(), _job_named(job_name):
-                request = trainer._create_training_job_args(boto3=True)
+            with (
+                sagemaker_sdk.signal_relay_as_pid1(f"{TRAINING_PACKAGE.name}/pid1.py"),
+                sagemaker_sdk.job_named(job_name),
+            ):
+                request = sagemaker_sdk.request_of(trainer)
         finally:
             shutil.rmtree(trainer.source_code.source_dir, ignore_errors=True)
         return request
@@ -288,7 +242,7 @@ class TrainingJobTarget(Target):
     def _trainer(self, config: Config, dry_run: bool, job_name: str):
         aws.require(config.aws, "role", "bucket")
         boto_session = aws.offline_session(config.aws) if dry_run else aws.session(config.aws)
-        _opt_out_of_sdk_telemetry()
+        sagemaker_sdk.opt_out_of_telemetry()
         # the SDK checks the role with IAM's SimulatePrincipalPolicy: not in an offline rendering, and not against an
         # emulator (which lacks it); otherwise as the user set it (default on)
         skip_check = dry_run or aws.endpoint_url(config.aws)
@@ -307,7 +261,7 @@ class TrainingJobTarget(Target):
         from sagemaker.train.model_trainer import ModelTrainer
 
         job = config.training_job
-        session_class = _dry_run_session_class() if dry_run else Session
+        session_class = sagemaker_sdk.dry_run_session_class() if dry_run else Session
         session = session_class(
             boto_session=boto_session,
             sagemaker_client=aws.client(config.aws, "sagemaker", boto_session),
@@ -322,7 +276,7 @@ class TrainingJobTarget(Target):
             sagemaker_session=session,
             role=config.aws.role,
             base_job_name=config.name,
-            training_image=job.image_uri or default_image(config.aws.region, job.instance_type),
+            training_image=job.image_uri or sagemaker_sdk.default_image(config.aws.region, job.instance_type),
             source_code=SourceCode(
                 source_dir=str(stage_code(Path(tempfile.mkdtemp(prefix="toolkit-code-")), config)),
                 entry_script=ENTRY_SCRIPT,
@@ -385,67 +339,8 @@ class TrainingJobTarget(Target):
         if source.startswith("builtin:") or not path.exists():
             return {}  # builtin sample or hub dataset: the entrypoint loads it by name
         if dry_run:
-            return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{content_hash(path)}/"}
-        return {"train": upload_once(aws.client(config.aws, "s3", boto_session), config, path)}
-
-
-@contextlib.contextmanager
-def _signal_relay_as_pid1():
-    """The SDK's container command (`bash -c "... sm_train.sh"`), run under toolkit_train/pid1.py so that SIGTERM to
-    PID 1 reaches torchrun and the ranks. The SDK takes the command from module constants, read when it builds the
-    request; they are swapped only for that call."""
-    from sagemaker.train import model_trainer
-    from sagemaker.train.constants import SM_CODE_CONTAINER_PATH  # where the code channel is mounted
-
-    entrypoint, arguments = model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS
-    model_trainer.DEFAULT_CONTAINER_ENTRYPOINT = ["python3"]
-    relay = f"{SM_CODE_CONTAINER_PATH}/{TRAINING_PACKAGE.name}/pid1.py"
-    model_trainer.DEFAULT_CONTAINER_ARGUMENTS = [relay, *entrypoint, *arguments]
-    try:
-        yield
-    finally:
-        model_trainer.DEFAULT_CONTAINER_ENTRYPOINT, model_trainer.DEFAULT_CONTAINER_ARGUMENTS = entrypoint, arguments
-
-
-def _unique_job_name(config: Config) -> str:
-    """The job's name, by the SDK's own rule (config name + timestamp), chosen before the request is built so
-    that the checkpoint location can carry it."""
-    from sagemaker.train.utils import _get_unique_name
-
-    return _get_unique_name(config.name)
-
-
-@contextlib.contextmanager
-def _job_named(name: str):
-    """The SDK names the job while it builds the request (module function `_get_unique_name`): it takes `name`
-    for that call only."""
-    from sagemaker.train import model_trainer
-
-    unique_name = model_trainer._get_unique_name
-    model_trainer._get_unique_name = lambda base, max_length=63: name
-    try:
-        yield
-    finally:
-        model_trainer._get_unique_name = unique_name
-
-
-def _dry_run_session_class():
-    from sagemaker.core.helper.session_helper import Session
-
-    class DryRunSession(Session):
-        """Answers uploads with the URI they would produce, without writing anything, and takes the configured
-        bucket as it is (the real session checks, or creates, it in S3)."""
-
-        def default_bucket(self):
-            return self._default_bucket_name_override
-
-        def upload_data(self, path, bucket=None, key_prefix="data", callback=None, extra_args=None):
-            bucket = bucket or self.default_bucket()
-            if os.path.isfile(path):
-                return f"s3://{bucket}/{key_prefix}/{os.path.basename(path)}"
-            return f"s3://{bucket}/{key_prefix}"
-
-    return DryRunSession
+            return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{digest.of_files(path)}/"}
+        return {"train": aws.upload_once(aws.client(config.aws, "s3", boto_session), config.aws, path)}
 
 
 TARGET = TrainingJobTarget()

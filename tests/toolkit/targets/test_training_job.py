@@ -154,7 +154,7 @@ def test_every_request_the_target_makes_is_one_aws_accepts(aws_env, monkeypatch)
     job.wait(poll_seconds=0.01)
     list(TARGET.attach(cfg, job.name).logs())
     TARGET.list(cfg)
-    TARGET.latest_completed(cfg)
+    TARGET.latest(cfg)
     operations = {operation for _, operation, _ in sent}
     assert {"CreateTrainingJob", "DescribeTrainingJob", "PutObject", "HeadBucket", "DescribeSecret"} <= operations
     assert {"ListTrainingJobs"} <= operations, operations
@@ -177,9 +177,11 @@ def test_unchanged_data_is_not_uploaded_twice(aws_env):
     s3 = boto3.client("s3")
     uploads = []
     s3.meta.events.register("before-call.s3.PutObject", lambda **kw: uploads.append(kw["params"]["Key"]))
-    from toolkit.targets.training_job import upload_once
+    from toolkit.aws import upload_once
 
-    assert upload_once(s3, cfg, Path(DATA)) in {f"s3://toolkit-test-bucket/{k.rsplit('/', 1)[0]}/" for k in data_before}
+    assert upload_once(s3, cfg.aws, Path(DATA)) in {
+        f"s3://toolkit-test-bucket/{k.rsplit('/', 1)[0]}/" for k in data_before
+    }
     assert uploads == []
     TARGET.submit(cfg)
     assert {k: v for k, v in keys().items() if k.startswith("toolkit/data/")} == data_before
@@ -210,7 +212,7 @@ def test_following_in_progress_to_completed_with_logs(aws_env):
     output = f"s3://{aws_env['bucket']}/toolkit/output/{job.name}/output/model/"  # uncompressed (CompressionType NONE)
     assert state.artifacts == {"model": output, "adapter": f"{output}adapter/", "merged": f"{output}merged/"}
     assert json.loads(Path("runs/gpt-oss-20b-lora/training-job.json").read_text())["job"] == job.name
-    assert TARGET.latest_completed(config(aws_env)).name == job.name
+    assert TARGET.latest(config(aws_env)).name == job.name
 
 
 def test_failed_job_reports_its_reason(aws_env):
@@ -264,7 +266,7 @@ def test_the_training_image_comes_from_the_sdks_catalogue_in_every_region():
     image catalogue lists for the pinned DLC gets that region's account and domain, none a guessed default."""
     from importlib import resources
 
-    from toolkit.targets.training_job import TRAINING_DLC, default_image
+    from toolkit.sagemaker_sdk import TRAINING_DLC, default_image
 
     catalogue = json.loads((resources.files("sagemaker.core") / "image_uri_config" / "pytorch.json").read_text())
     registries = catalogue["training"]["versions"][TRAINING_DLC["version"]]["registries"]
