@@ -14,7 +14,7 @@ from toolkit.config.applicability import SCOPES
 from toolkit.config.models import Config
 
 # Which fields must have a row. (a) Every field of a target section: a `Config` field whose model is a target's
-# (LocalTarget, TrainingJobTarget, HyperPodTarget), nested sections included; so a new target field fails here
+# (LocalSettings, TrainingJobSettings, HyperPodSettings), nested sections included; so a new target field fails here
 # until its author says where it applies. (b) Outside them, a field whose description already says where it applies,
 # in the schema's own words ("EKS:", "Slurm", "spot only", "fsdp:", "local runs only", "for report_to",
 # "cosine_with_min_lr", "--target local", "local serving"): the description is the marker, so a described scope

@@ -108,9 +108,16 @@ def test_dry_run_local_launches_nothing(tmp_path):
 def test_unbuilt_target_says_so_plainly(monkeypatch):
     import pytest
 
+    from toolkit.config.targets import TargetSettings
     from toolkit.targets import base
 
-    monkeypatch.setitem(base.TARGET_MODULES, "future", "toolkit.targets.future")
+    class Future(TargetSettings, target="future", section="future", module="toolkit.targets.future"):
+        pass
+
+    from toolkit.config.targets import TARGET_SETTINGS
+
+    # registered by the class statement; set again through monkeypatch, which removes it after the test
+    monkeypatch.setitem(TARGET_SETTINGS, "future", TARGET_SETTINGS.pop("future"))
     with pytest.raises(base.TargetError, match="target 'future' is not built yet"):
         base.get_target("future")
     with pytest.raises(base.TargetError, match="unknown target 'cloud'; choose one of: local"):

@@ -357,3 +357,19 @@ def test_local_memory_checks_use_this_machines_gpus_or_say_they_were_skipped(mon
     skipped = CliRunner().invoke(app, args)
     assert skipped.exit_code == 0, skipped.output
     assert "not checked (no GPU on this machine to size them by): the model fits one GPU under ddp" in skipped.output
+
+
+def test_every_registered_target_section_has_its_config_field_and_its_behaviour():
+    """Adding a target: its settings section registers it; Config must hold the section and the module must exist."""
+    import importlib
+
+    from toolkit.config.models import Config
+    from toolkit.config.targets import TARGET_SETTINGS
+    from toolkit.targets.base import Target
+
+    assert list(TARGET_SETTINGS) == ["local", "training-job", "hyperpod"]
+    for name, section in TARGET_SETTINGS.items():
+        assert Config.model_fields[section.section].annotation is section, name
+        assert isinstance(importlib.import_module(section.module).TARGET, Target), name
+    schema = Config.model_json_schema()["properties"]["target"]
+    assert schema["enum"] == list(TARGET_SETTINGS)

@@ -48,7 +48,7 @@ def test_long_values_are_shortened_and_sections_are_not_echoed(tmp_path):
     assert max(len(line) for line in output.splitlines()) < 200, output
     output = refused(validate("tiny-gpt-oss-local", "--set", "hyperpod.namespace=Team_A", cwd=tmp_path),
                      "hyperpod.namespace: 'Team_A' is not a Kubernetes object name")  # fmt: skip
-    assert "HyperPodTarget(" not in output and "(got" not in output and "hyperpod: hyperpod." not in output, output
+    assert "HyperPodSettings(" not in output and "(got" not in output and "hyperpod: hyperpod." not in output, output
 
 
 def test_no_text_field_echoes_a_long_value_whole():

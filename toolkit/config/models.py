@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import string
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -11,10 +10,10 @@ from toolkit_train.settings import StrictModel, TrainSettings
 
 from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
-from toolkit.config.names import bucket_name_problem, bucket_of, k8s_name_problem, region_problem
+from toolkit.config.names import bucket_name_problem, bucket_of, region_problem
+from toolkit.config.targets import TARGET_SETTINGS, HyperPodSettings, LocalSettings, TargetSettings, TrainingJobSettings
 from toolkit.errors import brief
 
-TargetName = Literal["local", "training-job", "hyperpod"]
 # The tags `toolkit image build` pushes into the stack's immutable repositories: `<prefix>-<content hash>`.
 IMAGE_TAG_PREFIXES = {"serving": "serve", "training": "train"}
 CONTENT_TAG_DIGITS = 12
@@ -35,138 +34,6 @@ def in_ecr_repository(image: str | None, repository: str | None) -> bool:
         path = path.rpartition(":")[0]
     host, _, name = path.partition("/")
     return ".dkr.ecr." in host and name == repository
-
-
-def check_placeholders(value: str, field: str, allowed: tuple[str, ...]) -> str:
-    """A path template may use only the placeholders it is filled with (else a KeyError at launch)."""
-    try:
-        used = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
-    except ValueError as exc:
-        raise ValueError(f"{field}: {brief(value)} is not a valid template ({exc}); write {{ as {{{{") from None
-    unknown = sorted(used - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"{field}: unknown placeholder(s) {', '.join('{' + u + '}' for u in unknown)} in {brief(value)}; "
-            f"allowed: {', '.join('{' + a + '}' for a in allowed)}"
-        )
-    return value
-
-
-class LocalTarget(StrictModel):
-    """Run the entrypoint on this machine under torchrun, in an /opt/ml-style tree."""
-
-    nproc_per_node: int = Field(1, ge=1, description="Processes (one per GPU; CPU: gloo).")
-    output_dir: str = Field("runs/{name}", description="Where artifacts land; {name} is the config name.")
-
-    @field_validator("output_dir")
-    @classmethod
-    def _template(cls, value: str) -> str:
-        return check_placeholders(value, "local.output_dir", ("name",))
-
-
-class TrainingJobTarget(StrictModel):
-    """A SageMaker training job."""
-
-    instance_type: str = Field("ml.p5.48xlarge", description="GPU instance type; torchrun starts one process per GPU.")
-    instance_count: int = Field(1, ge=1, description="Nodes.")
-    image_uri: str | None = Field(None, description="Training image; default: the pinned AWS PyTorch container.")
-    spot: bool = Field(False, description="Managed spot training (resumes from checkpoints).")
-    max_run_seconds: int = Field(86_400, ge=60, description="Stop the job after this long.")
-    max_wait_seconds: int | None = Field(None, description="Spot only: >= max_run_seconds.")
-    volume_size_gb: int = Field(500, ge=1, description="EBS volume per node (model, checkpoints).")
-    subnets: list[str] = Field(default_factory=list, description="VPC subnets (with security_group_ids).")
-    security_group_ids: list[str] = Field(default_factory=list, description="VPC security groups.")
-    kms_key_id: str | None = Field(None, description="KMS key for volumes and output.")
-    hf_token_secret: str | None = Field(
-        None, description="Secrets Manager name holding the Hugging Face token (read at submit)."
-    )
-    tags: dict[str, str] = Field(default_factory=dict, description="Tags on the job.")
-
-    @model_validator(mode="after")
-    def _check(self) -> TrainingJobTarget:
-        instance(self.instance_type, "training_job.instance_type")
-        if self.spot:
-            if self.max_wait_seconds is None:
-                self.max_wait_seconds = self.max_run_seconds * 2
-            if self.max_wait_seconds < self.max_run_seconds:
-                raise ValueError("training_job.max_wait_seconds must be >= max_run_seconds for spot jobs")
-        if bool(self.subnets) != bool(self.security_group_ids):
-            raise ValueError("training_job.subnets and training_job.security_group_ids go together: set both")
-        return self
-
-
-class FsxSettings(StrictModel):
-    """The shared FSx for Lustre filesystem of a HyperPod cluster."""
-
-    claim: str = Field("fsx-claim", description="EKS: the PersistentVolumeClaim name.")
-    mount_path: str = Field("/fsx", description="Where the filesystem is mounted on every node.")
-
-
-class HyperPodTarget(StrictModel):
-    """A HyperPod cluster, orchestrated by EKS or Slurm."""
-
-    cluster: str | None = Field(None, description="HyperPod cluster name.")
-    orchestrator: Literal["eks", "slurm"] = Field("eks", description="How the cluster runs jobs.")
-    instance_type: str = Field("ml.p5.48xlarge", description="The cluster's GPU instance type.")
-    nodes: int = Field(1, ge=1, description="Nodes for this job.")
-    gpus_per_node: int | None = Field(None, ge=0, description="Default: the instance type's GPUs.")
-    image: str | None = Field(
-        None, description="Container image (EKS; Slurm with pyxis): `toolkit image build training` makes one."
-    )
-    image_repository: str = Field(
-        "toolkit-training", description="ECR repository of the built training image (`toolkit infra` makes it)."
-    )
-    base_image: str | None = Field(
-        None, description="Training image's base; default: the region's AWS PyTorch training container (DLC)."
-    )
-    fsx: FsxSettings = Field(default_factory=FsxSettings)
-    job_dir: str = Field("{mount_path}/toolkit/{name}", description="Data, checkpoints and model under this path.")
-
-    @field_validator("job_dir")
-    @classmethod
-    def _template(cls, value: str) -> str:
-        return check_placeholders(value, "hyperpod.job_dir", ("mount_path", "name"))
-
-    namespace: str = Field("default", description="EKS namespace.")
-    service_account: str | None = Field(
-        None,
-        description="EKS: the service account of the pod that exports a run's model from FSx to S3 for `toolkit "
-        "deploy` (`toolkit infra deploy --export-eks-cluster` gives one its S3 role through EKS Pod Identity); "
-        "default: the namespace's.",
-    )
-    kube_context: str | None = Field(None, description="EKS: kubeconfig context (default: the current one).")
-    queue: str | None = Field(None, description="Kueue local queue.")
-    priority: str | None = Field(None, description="Kueue priority class.")
-    max_retries: int = Field(3, ge=0, description="Auto-resume attempts after node failure.")
-    python: str = Field(
-        "python3", description="Slurm without a container image: the Python (with torch) on every node."
-    )
-    exclusive: bool = Field(True, description="Slurm: take whole nodes (--exclusive).")
-    install: bool = Field(
-        True,
-        description="Install the locked training stack (toolkit_train/requirements.txt) into the job's Python on "
-        "every node before launch; false when hyperpod.python or hyperpod.image already holds it.",
-    )
-    eks_job_kind: Literal["HyperPodPyTorchJob", "PyTorchJob"] = Field(
-        "HyperPodPyTorchJob", description="EKS: HyperPod training operator's job, or Kubeflow's PyTorchJob."
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> HyperPodTarget:
-        gpus = instance(self.instance_type, "hyperpod.instance_type").gpus
-        if self.gpus_per_node is None:
-            self.gpus_per_node = gpus
-        elif self.gpus_per_node > gpus:
-            raise ValueError(f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} has {gpus} GPUs")
-        if self.orchestrator == "eks":  # Kubernetes objects by these names (the API server refuses others)
-            names = {"namespace": (self.namespace, "label"), "service_account": (self.service_account, "subdomain"),
-                     "fsx.claim": (self.fsx.claim, "subdomain"), "queue": (self.queue, "subdomain"),
-                     "priority": (self.priority, "subdomain")}  # fmt: skip
-            for field, (name, kind) in names.items():
-                problem = k8s_name_problem(name, kind) if name else None
-                if problem:
-                    raise ValueError(f"hyperpod.{field}: {problem}")
-        return self
 
 
 class AutoscalingSettings(StrictModel):
@@ -305,34 +172,33 @@ class Config(TrainSettings):
         max_length=48,
         description="Job and endpoint name prefix (letters, digits, hyphens).",
     )
-    target: TargetName = Field("local", description="Default target of `toolkit train`.")
-    local: LocalTarget = Field(default_factory=LocalTarget)
-    training_job: TrainingJobTarget = Field(default_factory=TrainingJobTarget)
-    hyperpod: HyperPodTarget = Field(default_factory=HyperPodTarget)
+    target: str = Field(
+        "local",
+        description=f"Default target of `toolkit train`: {' | '.join(TARGET_SETTINGS)}.",
+        json_schema_extra={"enum": list(TARGET_SETTINGS)},
+    )
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    training_job: TrainingJobSettings = Field(default_factory=TrainingJobSettings)
+    hyperpod: HyperPodSettings = Field(default_factory=HyperPodSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     aws: AwsSettings = Field(default_factory=AwsSettings)
 
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        if value not in TARGET_SETTINGS:
+            raise ValueError(f"target: unknown target {brief(value)}; choose one of: {', '.join(TARGET_SETTINGS)}")
+        return value
+
+    def target_settings(self) -> TargetSettings:
+        """The active target's section (`target` picks it)."""
+        return getattr(self, TARGET_SETTINGS[self.target].section)
+
     @model_validator(mode="after")
     def _target_needs(self) -> Config:
-        if self.target == "hyperpod" and not self.hyperpod.cluster:
-            raise ValueError("target 'hyperpod' needs hyperpod.cluster: set the cluster name")
-        problem = k8s_name_problem(self.name, "label") if self.target == "hyperpod" else None
-        if problem and self.hyperpod.orchestrator == "eks":  # the job, its pods' label and ConfigMap are named so
-            raise ValueError(f"name: on EKS the job is a Kubernetes object named after the config: {problem}")
-        if self.target == "training-job" and self.model.is_path:
-            raise ValueError(
-                f"model.id: a training job cannot read the local directory {self.model.id}; it downloads model.id "
-                "from the Hugging Face hub: use a hub id (local checkpoints: --target local, or hyperpod with the "
-                "directory on the cluster's shared filesystem)"
-            )
-        missing = self.model.missing_here() if self.target == "local" else None
+        missing = self.target_settings().needs(self)
         if missing:
             raise ValueError(missing)
-        if self.target == "training-job" and self.data.source.startswith("fsx://") and not self.training_job.subnets:
-            raise ValueError(
-                "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
-                "training_job.security_group_ids"
-            )
         return self
 
     @model_validator(mode="after")
@@ -484,11 +350,10 @@ class Config(TrainSettings):
         """(GiB of one training GPU, what has it, how to get a larger one) for the memory checks: the instance type
         on cloud targets, this machine's first GPU on target local; None on a machine without one (those checks
         are skipped: `skipped_checks` names them)."""
-        field = {"training-job": "training_job", "hyperpod": "hyperpod"}.get(self.target)
-        if field is not None:
-            instance_type = getattr(self, field).instance_type
-            gib = instance(instance_type, f"{field}.instance_type").gpu_memory_gib
-            return gib, instance_type, f"choose a larger {field}.instance_type"
+        sized_by = self.target_settings().gpu_instance()
+        if sized_by is not None:
+            instance_type, field = sized_by
+            return instance(instance_type, field).gpu_memory_gib, instance_type, f"choose a larger {field}"
         gpus = local_gpus()
         if not gpus:
             return None
@@ -496,18 +361,13 @@ class Config(TrainSettings):
 
     def skipped_checks(self) -> list[str]:
         """The checks that need a GPU's size and had none to read (target local on a machine without GPUs)."""
-        if self.target != "local" or local_gpus():
+        if self.target_settings().gpu_instance() is not None or local_gpus():
             return []
         return ["the model fits one GPU under ddp", "the packed micro-batch fits the GPU (measured limits)"]
 
     def gpus(self) -> int:
         """Training processes (one per GPU) the target runs: the world size the job will see."""
-        if self.target == "training-job":
-            job = self.training_job
-            return instance(job.instance_type, "training_job.instance_type").gpus * job.instance_count
-        if self.target == "hyperpod":
-            return max(self.hyperpod.gpus_per_node or 1, 1) * self.hyperpod.nodes
-        return self.local.nproc_per_node
+        return self.target_settings().gpus()
 
     def optimizer_step(self) -> list[str]:
         """What one optimizer step averages over on this target, said plainly (packing changes it: the recipes

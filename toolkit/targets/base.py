@@ -1,6 +1,7 @@
 """The one small interface every training target implements, and the registry that picks one by name.
 
-Adding a target = one module with a `TARGET` object (a `Target`) whose jobs are `Job`s; nothing else changes.
+Adding a target = one module with a `TARGET` object (a `Target`) whose jobs are `Job`s, and its settings section
+(toolkit/config/targets.py), which registers the module under the target's name; nothing else changes.
 Both are abstract: a target that leaves a method out cannot be instantiated, and
 tests/toolkit/targets/test_contract.py runs the same contract against every target.
 """
@@ -19,13 +20,6 @@ from toolkit.errors import BadInput, Failed
 
 if TYPE_CHECKING:
     from toolkit.config import Config
-
-# target name -> module holding `TARGET`
-TARGET_MODULES = {
-    "local": "toolkit.targets.local",
-    "training-job": "toolkit.targets.training_job",
-    "hyperpod": "toolkit.targets.hyperpod",
-}
 
 
 class Status(StrEnum):
@@ -135,10 +129,13 @@ class TargetFailed(Failed, TargetError):
 
 
 def get_target(name: str) -> Target:
+    """The target registered under `name` (its settings section names the module holding `TARGET`)."""
+    from toolkit.config.targets import TARGET_SETTINGS
+
     try:
-        module_name = TARGET_MODULES[name]
+        module_name = TARGET_SETTINGS[name].module
     except KeyError:
-        raise TargetError(f"unknown target {name!r}; choose one of: {', '.join(TARGET_MODULES)}") from None
+        raise TargetError(f"unknown target {name!r}; choose one of: {', '.join(TARGET_SETTINGS)}") from None
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
