@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -23,7 +22,6 @@ err = Console(stderr=True, soft_wrap=True)
 
 ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
-METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the SDK's result, for pipelines).")]
@@ -197,8 +195,10 @@ def train(
 
 
 def follow(job):
-    """Wait for a job with a progress bar fed by the entrypoint's [metrics] lines; Ctrl-C stops cleanly."""
+    """Render a job's follow (toolkit.targets.base.Job.follow: progress, lines, the interrupt policy)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from toolkit.sdk import JobDetached, JobInterrupted
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -206,47 +206,29 @@ def follow(job):
     )  # fmt: skip
     task = progress.add_task(f"training {job.name}", total=None, loss="-")
 
+    def on_progress(metrics) -> None:
+        loss = metrics.values.get("loss")
+        shown = f"{loss:.4f}" if loss is not None else "-"
+        progress.update(task, completed=metrics.step, total=metrics.total_steps, loss=shown)
+
     def on_line(line: str) -> None:
-        match = METRICS.match(line)
-        if match:
-            step, total, loss = match.groups()
-            progress.update(task, completed=int(step), total=int(total), loss=loss)
+        if line.startswith("[toolkit] interrupted"):
+            progress.stop()  # plain lines from here: a live display repeated the line below when it ended
+            err.print(line.removeprefix("[toolkit] "), highlight=False, markup=False)
         elif line.startswith("[toolkit]") or "Error" in line:
             progress.console.print(line, highlight=False, markup=False)
 
-    import signal
-
-    def terminate(*_):  # SIGTERM (a CI runner cancelling, `kill`) stops the job like Ctrl-C: checkpoint first
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminate)
-    with progress:
-        try:
-            return job.wait(on_line)
-        except KeyboardInterrupt:
-            if not job.stops_on_interrupt:
-                progress.stop()
-                err.print(
-                    f"detached; {job.name} keeps running. Follow it again with: "
-                    f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
-                )
-                raise typer.Exit(130) from None
-            # a second interrupt, whenever it comes from here on, stops the job at once (no checkpoint)
-            signal.signal(signal.SIGINT, lambda *_: _stop_now(job))
-            signal.signal(signal.SIGTERM, lambda *_: _stop_now(job))
-            progress.stop()  # plain lines from here: a live display repeated the line below when it ended
-            err.print("interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)")
-            job.stop()
-            state = job.wait(on_line)
-    err.print(f"{state.status.value}: {state.detail}", highlight=False, markup=False)
+    try:
+        with progress:
+            return job.follow(on_progress, on_line)
+    except JobDetached:
+        err.print(
+            f"detached; {job.name} keeps running. Follow it again with: "
+            f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
+        )
+    except JobInterrupted as stopped:
+        err.print(f"{stopped.state.status.value}: {stopped.state.detail}", highlight=False, markup=False)
     raise typer.Exit(130)
-
-
-def _stop_now(job) -> None:
-    from toolkit.errors import BadInput, Failed
-
-    with contextlib.suppress(BadInput, Failed):  # it may have ended meanwhile
-        job.stop(now=True)
 
 
 jobs_app = typer.Typer(help="Jobs started earlier, on any target, from any machine.", no_args_is_help=True)

@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __import__(__package__)
 
 from . import checkpoints
+from .metrics import format_metrics
 from .settings import (
     AWS_REGION_ENV,
     FAILED_PREFIX,
@@ -243,12 +244,14 @@ def callbacks(settings: TrainSettings):
             rate = (tokens - self.last[1]) / max(now - self.last[0], 1e-9)
             self.last = (now, tokens)
             memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
-            print(
-                f"[metrics] step={state.global_step}/{state.max_steps} loss={logs['loss']:.4f} "
-                f"learning_rate={logs.get('learning_rate', 0):.3e} grad_norm={logs.get('grad_norm', 0):.4f} "
-                f"tokens_per_second={rate:.1f} gpu_memory_gib={memory:.2f}",
-                flush=True,
-            )
+            values = {
+                "loss": logs["loss"],
+                "learning_rate": logs.get("learning_rate", 0),
+                "grad_norm": logs.get("grad_norm", 0),
+                "tokens_per_second": rate,
+                "gpu_memory_gib": memory,
+            }
+            print(format_metrics(state.global_step, state.max_steps, values), flush=True)
 
     class SaveOnSigterm(TrainerCallback):
         """SIGTERM (spot interruption, scancel, pod eviction): finish the step, checkpoint, stop."""

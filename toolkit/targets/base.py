@@ -8,7 +8,10 @@ tests/toolkit/targets/test_contract.py runs the same contract against every targ
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +22,8 @@ from typing import TYPE_CHECKING
 from toolkit.errors import BadInput, Failed
 
 if TYPE_CHECKING:
+    from toolkit_train.metrics import Metrics
+
     from toolkit.config import Config
 
 
@@ -66,6 +71,38 @@ class Job(ABC):
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
         """Block until the job ends, passing each log or status line to on_line; returns the final state."""
 
+    def follow(
+        self, on_progress: Callable[[Metrics], None] | None = None, on_line: Callable[[str], None] | None = None
+    ) -> JobState:
+        """wait(), with the entrypoint's `[metrics]` lines given to on_progress (parsed) and every other line to
+        on_line, and the interrupt policy of every target: Ctrl-C or SIGTERM (a CI runner cancelling) either
+        detaches (`JobDetached`: the job runs on) or, on targets whose jobs die with this process, asks the job to
+        checkpoint and stop, waits for it and raises `JobInterrupted`; an interrupt during that stop ends the job
+        at once (no new checkpoint). The notices go to on_line as `[toolkit]` lines."""
+        from toolkit_train.metrics import parse_metrics
+
+        def each(line: str) -> None:
+            metrics = parse_metrics(line)
+            if metrics is not None and on_progress is not None:
+                on_progress(metrics)
+            elif metrics is None and on_line is not None:
+                on_line(line)
+
+        with _interrupts_raise():
+            try:
+                return self.wait(each)
+            except KeyboardInterrupt:
+                if not self.stops_on_interrupt:
+                    raise JobDetached(self.name) from None
+            each("[toolkit] interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)")
+            with _interrupts_call(self._stop_now):
+                self.stop()
+                raise JobInterrupted(self.wait(each))
+
+    def _stop_now(self) -> None:
+        with contextlib.suppress(BadInput, Failed):  # it may have ended meanwhile
+            self.stop(now=True)
+
 
 class Target(ABC):
     """Where jobs run: renders, submits and finds jobs."""
@@ -94,6 +131,53 @@ class Target(ABC):
         """The S3 prefix an endpoint serves for the newest completed run, made available there once (uploaded or
         exported from where the target keeps it); a dry run names it and moves nothing. `TargetError` (saying
         how to get one) when there is no completed run."""
+
+
+class JobDetached(KeyboardInterrupt):
+    """Following was interrupted; the job runs on (exit 130)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class JobInterrupted(KeyboardInterrupt):
+    """Following was interrupted and the job stopped (checkpointed, unless stopped at once); exit 130."""
+
+    def __init__(self, state: JobState):
+        super().__init__(state.name)
+        self.state = state
+
+
+@contextlib.contextmanager
+def _interrupts_raise():
+    """SIGTERM raises KeyboardInterrupt like Ctrl-C while following (main thread only: elsewhere no handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _interrupts_call(action: Callable[[], None]):
+    """While a stop is under way, a further Ctrl-C or SIGTERM calls `action` instead of raising."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: action()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def tail(new_lines: Callable[[], Iterator[str]], finished: Callable[[], bool], follow: bool, poll: float):

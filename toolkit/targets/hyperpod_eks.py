@@ -286,13 +286,17 @@ class EksJob(Job):
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
         emit = on_line or (lambda line: None)
-        seen = None
+        seen, lines_seen = None, dict[str, int]()  # every pod's log lines too: progress and loss on EKS as elsewhere
         while True:
+            for line in self._new_log_lines(lines_seen):
+                emit(line)
             state = self.status()
             if (state.status, state.detail) != seen:
                 seen = (state.status, state.detail)
                 emit(f"[toolkit] {self.name}: {state.status.value} {state.detail}")
             if state.status.finished:
+                for line in self._new_log_lines(lines_seen):
+                    emit(line)
                 return state
             time.sleep(poll_seconds)
 

@@ -35,7 +35,6 @@ from toolkit.targets.jobtree import (
     settings_file,
     stage_code,
     take_run_lock,
-    upload_run_model,
 )
 
 
@@ -243,9 +242,12 @@ class LocalTarget(Target):
         return completed_run(config.name, job_root(config))
 
     def servable_model(self, config: Config, dry_run: bool = False) -> str:
-        """A local run's model, uploaded once to the config's bucket (endpoints read S3)."""
-        return upload_run_model(config, job_root(config), f": train it with `toolkit train {config.name}` first",
-                                dry_run)  # fmt: skip
+        """A config whose target is local reaches SageMaker by `toolkit train --target training-job`: its newest
+        completed job is what an endpoint serves (a local run is served here, `toolkit deploy --target local`, or
+        from S3 through serving.model_data)."""
+        from toolkit.targets.base import get_target
+
+        return get_target("training-job").servable_model(config, dry_run)
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:

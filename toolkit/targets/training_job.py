@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit_train.metrics import FIELDS as METRIC_FIELDS
+from toolkit_train.metrics import metric_regex
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 
 from toolkit import aws, digest, sagemaker_sdk
@@ -26,13 +28,8 @@ from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import stage_code
 
-# Regexes over the entrypoint's `[metrics] step=.. loss=..` lines (see toolkit_train/train.py).
-METRIC_DEFINITIONS = {
-    "train:loss": r"\[metrics\] step=\S+ loss=([0-9.eE+-]+)",
-    "train:learning_rate": r"\[metrics\] .*learning_rate=([0-9.eE+-]+)",
-    "train:tokens_per_second": r"\[metrics\] .*tokens_per_second=([0-9.eE+-]+)",
-    "train:gpu_memory_gib": r"\[metrics\] .*gpu_memory_gib=([0-9.eE+-]+)",
-}
+# SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/metrics.py: the one format)
+METRIC_DEFINITIONS = {f"train:{name}": metric_regex(name) for name in METRIC_FIELDS}
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 STATUS = {
     "InProgress": Status.RUNNING,

@@ -163,11 +163,21 @@ def test_every_request_the_target_makes_is_one_aws_accepts(aws_env, monkeypatch)
 
 
 def test_metric_regexes_read_the_entrypoint_lines():
-    line = ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
-            "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
-    found = {name: re.search(regex, line).group(1) for name, regex in METRIC_DEFINITIONS.items()}
-    assert found == {"train:loss": "6.9348", "train:learning_rate": "3.333e-03",
-                     "train:tokens_per_second": "182.5", "train:gpu_memory_gib": "41.20"}  # fmt: skip
+    """The writer's line (toolkit_train.metrics), read by SageMaker's regexes and by the toolkit's parser alike,
+    also behind a pod-name prefix; other lines are no metrics."""
+    from toolkit_train.metrics import format_metrics, parse_metrics
+
+    values = {"loss": 6.9348, "learning_rate": 3.333e-3, "grad_norm": 0.2373, "tokens_per_second": 182.5,
+              "gpu_memory_gib": 41.2}  # fmt: skip
+    line = format_metrics(3, 30, values)
+    assert line == ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
+                    "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
+    found = {name: float(re.search(regex, line).group(1)) for name, regex in METRIC_DEFINITIONS.items()}
+    assert found == {f"train:{name}": value for name, value in values.items()}
+    for shown in (line, f"[worker-0] {line}"):
+        parsed = parse_metrics(shown)
+        assert parsed is not None and (parsed.step, parsed.total_steps) == (3, 30) and parsed.values == values
+    assert parse_metrics("loss went [metrics] up") is None and parse_metrics("[toolkit] started") is None
 
 
 def test_unchanged_data_is_not_uploaded_twice(aws_env):
