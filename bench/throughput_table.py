@@ -57,7 +57,8 @@ def build() -> dict:
             "expert_lora": expert_lora, "packed": bool(r["packing"]),
             "tokens_per_micro_batch": budget if isinstance(budget, int) else None,
             "max_length": r["max_length"], "gradient_checkpointing": bool(r["gc"]), "gpu": gpu,
-            "gpu_memory_gib": memory, "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"], "peak_mem_gb": r["peak_mem_gb"],
+            "gpu_memory_gib": memory, "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+            "peak_mem_gb": r["peak_mem_gb"],
             "source": f"bench/results/{file}", "row": name, "note": note,
         })  # fmt: skip
     (two_file, two_name), (one_file, one_name) = DDP_PAIR
@@ -66,7 +67,9 @@ def build() -> dict:
     return {
         "about": "Measured training throughput per GPU (tokens/s), built by bench/throughput_table.py; do not edit.",
         "rows": measured,
-        "ddp_2gpu_efficiency": {"value": efficiency, "sources": [f"bench/results/{two_file}", f"bench/results/{one_file}"]},
+        "ddp_2gpu_efficiency": {
+            "value": efficiency, "sources": [f"bench/results/{two_file}", f"bench/results/{one_file}"],
+        },
     }  # fmt: skip
 
 

@@ -100,7 +100,7 @@ class Commands(typer.core.TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None and not isinstance(command, Commands):
             plain = command.get_params
-            command.get_params = lambda ctx: _flags_take_no_value(plain(ctx))  # with the help option
+            command.get_params = lambda ctx: _flags_take_no_value(plain(ctx))  # type: ignore[method-assign]  # + help option
         return command
 
     def invoke(self, ctx):
@@ -412,7 +412,8 @@ def _print_plan(result) -> None:
         f"{'* the target of the config. ' if any(c.configured for c in result.candidates) else ''}tokens per epoch: "
         f"{result.data_tokens_source}. time: the training steps only (not start-up, model download, merge); spot: "
         "AWS's 'up to 90%' savings up to the on-demand cost. quota ?: not read (see below).",
-        highlight=False, markup=False,
+        highlight=False,
+        markup=False,
     )
     for c in result.candidates:
         wide.print(f"{c.target} {c.nodes} x {c.instance_type}:", style="bold", highlight=False, markup=False)
@@ -439,7 +440,8 @@ jobs_app = group("Jobs started earlier, on any target, from any machine.")
 app.add_typer(jobs_app, name="jobs")
 TargetOpt = Annotated[TrainTarget | None, typer.Option(help="Target of the job (default: the config's).")]
 JobName = Annotated[
-    str | None, typer.Argument(metavar="NAME", show_default=False, help="The job's name (`toolkit jobs list` shows them).")
+    str | None,
+    typer.Argument(metavar="NAME", show_default=False, help="The job's name (`toolkit jobs list` shows them)."),
 ]
 
 
@@ -849,7 +851,9 @@ def image_build(
     kind: Annotated[
         ImageKind | None,
         typer.Argument(
-            metavar="KIND", show_default=False, help="serving (vLLM endpoint) or training (HyperPod pods, training jobs)."
+            metavar="KIND",
+            show_default=False,
+            help="serving (vLLM endpoint) or training (HyperPod pods, training jobs).",
         ),
     ] = None,
     config: ConfigAlias = None,
@@ -864,10 +868,10 @@ def image_build(
     if kind_name not in ("serving", "training"):
         fail(f"image kind must be serving or training, not {kind_name!r}", code=2)
     assert source is not None
-    kind = kind_name  # type: ignore[assignment]
+    kind = kind_name
     cfg = load(source, set_)
     with status(f"building the {kind} image ...") as update:
-        uri = sdk.build_image(cfg, lambda line: update(line[-160:]), kind=kind, dry_run=dry_run)  # type: ignore[arg-type]
+        uri = sdk.build_image(cfg, lambda line: update(line[-160:]), kind=kind, dry_run=dry_run)
     if as_json:
         emit_json({"image_uri": uri})
         return

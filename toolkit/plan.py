@@ -188,16 +188,18 @@ def memory_fit(cfg: Config, instance_type: str, world: int) -> tuple[Literal["ye
     checkpointing = _checkpointing(cfg)
     for row in sorted(rows, key=lambda r: r["peak_mem_gb"]):
         larger = row["tokens_per_micro_batch"] is None or budget is None or row["tokens_per_micro_batch"] >= budget
-        if not caveat and larger and row["gpu_memory_gib"] <= memory and (
-            not row["gradient_checkpointing"] or True in checkpointing
+        if (
+            not caveat
+            and larger
+            and row["gpu_memory_gib"] <= memory
+            and (not row["gradient_checkpointing"] or True in checkpointing)
         ):
             size = "1-row" if row["tokens_per_micro_batch"] is None else f"{row['tokens_per_micro_batch']:,}-token"
             return "yes", f"measured: {size} micro-batches peaked at {row['peak_mem_gb']} GB ({row['source']})"
     shape = MODELS.get(cfg.model.id)
     nearest = [r for r in rows if budget is None or r["tokens_per_micro_batch"] == budget]
-    seen = "; measured elsewhere: " + ", ".join(
-        f"{r['peak_mem_gb']} GB peak on {r['gpu']} ({r['source']})" for r in nearest[:2]) if nearest else ""  # fmt: skip
-    weights = seen
+    peaks = [f"{r['peak_mem_gb']} GB peak on {r['gpu']} ({r['source']})" for r in nearest[:2]]
+    weights = f"; measured elsewhere: {', '.join(peaks)}" if peaks else ""
     if shape:
         per_gpu = shape.weights_gib(cfg.model.experts) / (world if cfg.training.distributed == "fsdp" else 1)
         weights += f"; the weights take ~{per_gpu:.0f} GiB of each {memory} GiB GPU"

@@ -110,7 +110,9 @@ def test_price_override_beats_every_other_source():
 
 def refused(result, *fragments: str) -> str:
     """Exit 2, one clear line, no traceback (CliRunner's result)."""
-    assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert (result.exit_code == 2 and result.exception is None) or isinstance(result.exception, SystemExit), (
+        result.output
+    )
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     for fragment in fragments:
         assert fragment in result.output, result.output
@@ -138,8 +140,8 @@ def test_plan_reads_the_price_list_api_and_service_quotas(aws_env, monkeypatch):
     cfg = load_config("gpt-oss-20b-lora", ["target=training-job"])
     order = list(dict.fromkeys(c.instance_type for c in sdk.plan(cfg, tokens=10**6, online=False).candidates))
     quotas, quota_stub = stubbed("service-quotas", aws_env)
-    names = sorted({limits.quota_name(t, "training-job") for t in order} | {limits.quota_name(cfg.hyperpod.instance_type,
-                                                                                              "hyperpod")})  # fmt: skip
+    names = {limits.quota_name(t, "training-job") for t in order}
+    names.add(limits.quota_name(cfg.hyperpod.instance_type, "hyperpod"))
     applied = {"ml.p5.48xlarge for training job usage": 0.0}  # a new account's default for p5
     quota_stub.add_response("list_service_quotas", quota_page(applied), {"ServiceCode": "sagemaker"})
     defaults = {"ml.p5en.48xlarge for training job usage": 2.0}
@@ -184,8 +186,8 @@ def test_against_the_emulator_alone_plan_says_what_it_could_not_read(aws_env):
 
 
 def train_args(aws_env) -> list[str]:
-    Path("chat.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                           {"role": "assistant", "content": "hello"}]}) + "\n")  # fmt: skip
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    Path("chat.jsonl").write_text(json.dumps(row) + "\n")
     return ["train", "gpt-oss-20b-lora", "--target", "training-job", "--set", f"aws.role={aws_env['role']}",
             "--set", f"aws.bucket={aws_env['bucket']}", "--set", "data.source=chat.jsonl",
             "--set", "data.format=messages"]  # fmt: skip
