@@ -31,7 +31,7 @@ runner = CliRunner()
 
 @pytest.fixture(autouse=True)
 def price_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path / "cache"))  # no answer cached by another test
+    monkeypatch.setattr(limits, "_cache_file", lambda: tmp_path / "prices.json")  # no answer another test cached
 
 
 def test_the_shipped_throughput_table_is_the_one_built_from_bench_results():
@@ -217,3 +217,15 @@ def test_preflight_line_names_quota_and_price(aws_env, monkeypatch):
         limits.preflight(cfg, lines.append)
     shipped = limits.shipped_prices()["training"]["ml.p5.48xlarge"]
     assert lines == [lines[0]] and "= 4;" in lines[0] and f"${shipped:,.2f}/h on demand" in lines[0]
+
+
+def test_plan_reads_the_token_count_data_prepare_measured(tmp_path):
+    prepared = tmp_path / "prepared"
+    made = runner.invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", str(prepared), "--json"])
+    assert made.exit_code == 0, made.output
+    report = json.loads(made.stdout[made.stdout.index("{") :])
+    planned = runner.invoke(app, ["plan", "tiny-gpt-oss-local", "--offline", "--json", "--set",
+                                  f"data.source={prepared}"])  # fmt: skip
+    assert planned.exit_code == 0, planned.output
+    shown = json.loads(planned.stdout)
+    assert shown["data_tokens"] == report["tokens"] > 0 and "toolkit data prepare" in shown["data_tokens_source"]
