@@ -31,6 +31,9 @@ QUOTA_USAGE = {"training-job": "training job usage", "spot": "spot training job 
 QUOTA_CONSOLE = "https://console.aws.amazon.com/servicequotas/home/services/sagemaker/quotas"
 
 
+_unreachable: set[str] = set()  # regions whose Price List API could not be reached in this process: not retried
+
+
 class QuotaError(BadInput):
     """The account may not start the instances (a Service Quota below what the job needs)."""
 
@@ -86,7 +89,7 @@ def price(
     cached = cache.get(key)
     if cached and time.time() - cached["at"] < PRICE_CACHE_SECONDS:
         return Price(cached["usd"], f"AWS Price List API ({settings.region}, cached {_age(cached['at'])})")
-    if online:
+    if online and settings.region not in _unreachable:
         fetched = _price_list(settings, instance_type)
         if fetched is not None:
             cache[key] = {"usd": fetched, "at": time.time()}
@@ -150,6 +153,8 @@ def _price_list(settings: AwsSettings, instance_type: str) -> float | None:
         products = [json.loads(item) for page in pages for item in page.get("PriceList", [])]
     except (ClientError, BotoCoreError, BadInput) as exc:
         log.info("price of %s from the Price List API: %s", instance_type, exc)
+        if not isinstance(exc, ClientError):  # no credentials, no network: the next instance type fares no better
+            _unreachable.add(settings.region)
         return None
     for product in products:
         usage = product.get("product", {}).get("attributes", {}).get("usagetype", "")
