@@ -20,6 +20,8 @@ _EXPORTS = {
     "job": "toolkit.sdk",
     "job_status": "toolkit.sdk",
     "list_jobs": "toolkit.sdk",
+    "list_endpoints": "toolkit.sdk",
+    "plan": "toolkit.sdk",
     "render_train": "toolkit.sdk",
     "build_image": "toolkit.sdk",
     "deploy": "toolkit.sdk",

@@ -6,6 +6,7 @@ emulator; nothing here calls a hard-coded AWS host.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ from toolkit.errors import MISSING, BadInput
 
 if TYPE_CHECKING:
     from toolkit.config.models import AwsSettings
+
+log = logging.getLogger(__name__)
 
 
 class AwsError(BadInput):
@@ -103,7 +106,7 @@ def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any
 
     made = boto_session or session(settings)
     url = endpoint_url(settings)
-    return made.client(
+    return log_calls(made.client(
         service,
         endpoint_url=url,
         config=BotoConfig(
@@ -111,7 +114,32 @@ def client(settings: AwsSettings, service: str, boto_session: Any = None) -> Any
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             user_agent_appid="toolkit",
         ),
-    )
+    ))  # fmt: skip
+
+
+def log_calls(made: Any) -> Any:
+    """Every call of this client on the `toolkit.aws` logger (`toolkit -v` shows it): the operation, where it
+    went, the HTTP status, the retries botocore made and the time it took."""
+    import time
+
+    def before(model: Any, context: Any, **_: Any) -> None:
+        context["toolkit_started"] = time.monotonic()
+
+    def after(model: Any, http_response: Any, parsed: Any, context: Any, **_: Any) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        took = time.monotonic() - context.get("toolkit_started", time.monotonic())
+        meta = parsed.get("ResponseMetadata", {}) if isinstance(parsed, dict) else {}
+        error = parsed.get("Error", {}).get("Code") if isinstance(parsed, dict) else None
+        log.debug(
+            "%s.%s -> %s%s, %d retries, %.2f s (%s)", model.service_model.service_name, model.name,
+            getattr(http_response, "status_code", "?"), f" {error}" if error else "", meta.get("RetryAttempts", 0),
+            took, made.meta.endpoint_url,
+        )  # fmt: skip
+
+    made.meta.events.register("before-call", before)
+    made.meta.events.register("after-call", after)
+    return made
 
 
 def is_missing(exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Literal, NoReturn
 
 import click
 import typer
@@ -20,11 +20,28 @@ from rich.console import Console
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
+CONFIG_HELP = "A YAML file or a preset name (see `toolkit config presets`)."
+ConfigArg = Annotated[str, typer.Argument(metavar="CONFIG", help=CONFIG_HELP)]
+# The verbs that once took the config only as -c/--config (jobs, endpoint, image, infra) take it first too; -c stays
+ConfigFirst = Annotated[str | None, typer.Argument(metavar="CONFIG", show_default=False, help=CONFIG_HELP)]
+ConfigAlias = Annotated[
+    str | None, typer.Option("--config", "-c", show_default=False, help="The config, as an option (an alias).")
+]
+# The closed sets of the CLI, as typed choices (their values appear in --help): tests/toolkit/test_cli_conventions.py
+# checks TrainTarget against the registered targets (toolkit.config.targets; not imported here: --help stays fast)
+TrainTarget = Literal["local", "training-job", "hyperpod"]
+ServeTarget = Literal["endpoint", "local"]
+ImageKind = Literal["serving", "training"]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the SDK's result, for pipelines).")]
+
+
+def dataclasses_dict(value):
+    import dataclasses
+
+    return dataclasses.asdict(value)
 
 
 def emit_json(result) -> None:
@@ -48,8 +65,41 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def config_first(positionals: tuple[str | None, ...], alias: str | None, required: bool = True):
+    """The config and the arguments after it: `CMD CONFIG NAME`, or the alias `CMD NAME -c CONFIG` (the
+    positionals then shift by one). Returns the tuple with the config first."""
+    if alias is not None:
+        if positionals[-1] is not None:
+            fail("give the config once: as the first argument or as -c/--config, not both")
+        positionals = (alias, *positionals[:-1])
+    if required and positionals[0] is None:
+        fail("missing the config: the first argument (a YAML file or a preset name) or -c CONFIG")
+    missing = [i for i, value in enumerate(positionals) if value is None]
+    if required and missing:
+        fail("missing an argument after the config (see --help)")
+    return positionals
+
+
+def _flags_take_no_value(params: list) -> list:
+    """Flags show no value type (`<bool>`) in --help: they take no value."""
+    for param in params:
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+    return params
+
+
 class Commands(typer.core.TyperGroup):
     """Applies toolkit.errors' one map to every command: a known failure is one line and its exit code."""
+
+    def get_params(self, ctx):
+        return _flags_take_no_value(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not isinstance(command, Commands):
+            plain = command.get_params
+            command.get_params = lambda ctx: _flags_take_no_value(plain(ctx))  # type: ignore[method-assign]  # + help option
+        return command
 
     def invoke(self, ctx):
         from toolkit.errors import classify
@@ -70,13 +120,37 @@ class Commands(typer.core.TyperGroup):
 
 app = typer.Typer(
     cls=Commands,
-    help="Fine-tune gpt-oss with LoRA on SageMaker and serve it: one config, three verbs.",
+    help="Fine-tune gpt-oss with LoRA (on this machine, SageMaker training jobs or HyperPod) and serve it with vLLM "
+    "(a SageMaker endpoint or this machine). One config file drives every command: `toolkit plan CONFIG` sizes and "
+    "prices a run, `train`, `deploy` and `invoke` run it; the groups below manage what they made.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-config_app = typer.Typer(help="Check, show and describe configs.", no_args_is_help=True)
-data_app = typer.Typer(help="Prepare training data.", no_args_is_help=True)
+
+
+def group(help_text: str) -> typer.Typer:
+    return typer.Typer(cls=Commands, help=help_text, no_args_is_help=True)
+
+
+@app.callback()
+def main_options(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log what the toolkit does: every AWS call, retries, timings.")
+    ] = False,
+) -> None:
+    if verbose:
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s", "%H:%M:%S"))
+        logger = logging.getLogger("toolkit")
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+
+
+config_app = group("Check, show and describe configs.")
+data_app = group("Prepare training data.")
 app.add_typer(config_app, name="config")
 app.add_typer(data_app, name="data")
 
@@ -92,24 +166,36 @@ def load(source: str, overrides: list[str] | None):
 
 @config_app.command("validate")
 def config_validate(
-    files: Annotated[list[str], typer.Argument(help="Files or preset names.")], set_: SetOpt = None
+    files: Annotated[list[str], typer.Argument(metavar="CONFIG...", help="Files or preset names.")],
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Validate configs; exit 2 on the first problem, naming the file and field."""
+    results = []
     for source in files:
         cfg = load(source, set_)
+        results.append({"source": source, "name": cfg.name, "model": cfg.model.id, "target": cfg.target,
+                        "not_checked": cfg.skipped_checks()})  # fmt: skip
+        if as_json:
+            continue
         out.print(f"[green]ok[/] {source}: {cfg.name} ({cfg.model.id}, target {cfg.target})", highlight=False)
         if cfg.skipped_checks():
             err.print(f"not checked (no GPU on this machine to size them by): {'; '.join(cfg.skipped_checks())}",
                       highlight=False, markup=False)  # fmt: skip
+    if as_json:
+        emit_json(results)
 
 
 @config_app.command("show")
-def config_show(source: ConfigArg, set_: SetOpt = None) -> None:
+def config_show(source: ConfigArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print the resolved config (base, ${ENV} and --set applied, defaults filled in) as YAML, and what one
     optimizer step averages over on its target (as comments)."""
     import yaml
 
     cfg = load(source, set_)
+    if as_json:
+        emit_json({"config": cfg.model_dump(mode="json"), "optimizer_step": cfg.optimizer_step()})
+        return
     sys.stdout.write(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
     sys.stdout.write("".join(f"# {line}\n" for line in cfg.optimizer_step()))  # comments: still valid YAML
 
@@ -131,10 +217,13 @@ def config_reference() -> None:
 
 
 @config_app.command("presets")
-def config_presets() -> None:
+def config_presets(as_json: JsonOpt = False) -> None:
     """List the presets shipped with the toolkit."""
     from toolkit.config import preset_names
 
+    if as_json:
+        emit_json(preset_names())
+        return
     for name in preset_names():
         out.print(name, highlight=False)
 
@@ -147,8 +236,9 @@ def data_prepare(
         typer.Option(help="Directory or s3:// prefix for the Arrow dataset (default: runs/<name>/prepared)."),
     ] = None,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Validate, render and tokenize the data once; print token statistics; save it."""
+    """Validate, render and tokenize the data once; print token statistics (`toolkit plan` reads them); save it."""
     from rich.table import Table
 
     from toolkit.sdk import prepare_data
@@ -156,6 +246,9 @@ def data_prepare(
     cfg = load(source, set_)
     with status(f"preparing {cfg.data.source} ..."):  # cloud: an s3:// output
         report = prepare_data(cfg, output)
+    if as_json:
+        emit_json(report)
+        return
     table = Table("statistic", "value", title=f"{cfg.data.source} ({cfg.data.format})")
     for key, value in report.items():
         if key not in ("output", "bad_rows"):
@@ -169,20 +262,25 @@ def data_prepare(
 @app.command("train")
 def train(
     source: ConfigArg,
-    target: Annotated[str | None, typer.Option(help="local | training-job | hyperpod (default: the config's).")] = None,
+    target: Annotated[TrainTarget | None, typer.Option(help="Where to train (default: the config's target).")] = None,
     set_: SetOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be submitted; create nothing.")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="Discard old checkpoints instead of resuming.")] = False,
+    no_preflight: Annotated[
+        bool,
+        typer.Option("--no-preflight", help="training-job: skip the Service Quota check and the price line."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train with LoRA on a target and wait for the result."""
+    """Train with LoRA on a target and wait for the result (a training job: quota and price checked first)."""
     from toolkit import sdk
 
     cfg = load(source, set_)
     if dry_run:
         sys.stdout.write(sdk.render_train(cfg, target) + "\n")
         return
-    job = sdk.train(cfg, target, fresh=fresh)  # its errors take the exit code of their kind (toolkit.errors)
+    # its errors take the exit code of their kind (toolkit.errors)
+    job = sdk.train(cfg, target, fresh=fresh, preflight=not no_preflight, on_note=note)
     state = follow(job)
     if as_json:
         emit_json(state)
@@ -192,6 +290,10 @@ def train(
             out.print(f"[green]{kind}:[/] {where}", highlight=False)
         return
     fail(f"job {state.name} {state.status.value.lower()}: {state.detail}", code=1)
+
+
+def note(line: str) -> None:
+    err.print(line, highlight=False, markup=False)
 
 
 def follow(job):
@@ -224,17 +326,96 @@ def follow(job):
     except JobDetached:
         err.print(
             f"detached; {job.name} keeps running. Follow it again with: "
-            f"toolkit jobs logs {job.name} --follow -c CONFIG (or jobs status / jobs stop)"
+            f"toolkit jobs logs CONFIG {job.name} --follow (or jobs status / jobs stop)"
         )
     except JobInterrupted as stopped:
         err.print(f"{stopped.state.status.value}: {stopped.state.detail}", highlight=False, markup=False)
     raise typer.Exit(130)
 
 
-jobs_app = typer.Typer(help="Jobs started earlier, on any target, from any machine.", no_args_is_help=True)
+@app.command("plan")
+def plan(
+    source: ConfigArg,
+    target: Annotated[TrainTarget | None, typer.Option(help="Plan as if the config's target were this.")] = None,
+    tokens: Annotated[
+        int | None, typer.Option(min=1, help="Tokens in one epoch of the data (default: `data prepare`'s count).")
+    ] = None,
+    price: Annotated[
+        list[str] | None,
+        typer.Option("--price", help="USD per instance-hour, TYPE=USD or USD for all (repeatable); beats AWS's."),
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="No AWS calls: the shipped price file, no quota check.")
+    ] = False,
+    all_types: Annotated[bool, typer.Option("--all", help="Also list instance types that do not fit.")] = False,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Before a run: per target and instance type, whether it fits in GPU memory, the expected tokens/s,
+    wall-clock and cost (on demand, spot range), and the account's quota for it; every figure says its source."""
+    from toolkit import sdk
+    from toolkit.limits import parse_price_overrides
+
+    cfg = load(source, set_)
+    result = sdk.plan(cfg, target, tokens=tokens, prices=parse_price_overrides(price or []), online=not offline,
+                      all_types=all_types)  # fmt: skip
+    if as_json:
+        emit_json(result)
+        return
+    _print_plan(result)
+
+
+def _print_plan(result) -> None:
+    from rich.table import Table
+
+    wide = out if out.is_terminal else Console(soft_wrap=True, width=160)  # a pipe or file: keep rows on one line
+    table = Table("", "candidate", "GPUs", "fits", "tokens/s", "time", "on demand", "spot", "quota",
+                  title=f"{result.config}: {result.model}, {_count(result.data_tokens)} tokens per epoch")  # fmt: skip
+    for c in result.candidates:
+        rate = f"{c.tokens_per_s:,.0f} ({c.throughput})" if c.tokens_per_s else "-"
+        time = "-" if c.hours is None else f"{c.hours:.1f} h" if c.hours >= 1 else f"{c.hours * 60:.0f} min"
+        per_hour = f"${c.usd_per_hour:,.2f}/h" if c.usd_per_hour is not None else "no price"
+        cost = f"${c.cost_usd:,.2f} ({per_hour})" if c.cost_usd is not None else per_hour
+        spot = f"${c.spot_cost_usd[0]:,.2f}-{c.spot_cost_usd[1]:,.2f}" if c.spot_cost_usd else "-"
+        quota = "?" if c.quota is None else f"{c.quota:g}" + (" too low" if c.problem else "")
+        table.add_row("*" if c.configured else "", f"{c.target} {c.nodes} x {c.instance_type}", str(c.gpus), c.fits,
+                      rate, time, cost, spot, quota)  # fmt: skip
+    wide.print(table)
+    wide.print(
+        f"{'* the target of the config. ' if any(c.configured for c in result.candidates) else ''}tokens per epoch: "
+        f"{result.data_tokens_source}. time: the training steps only (not start-up, model download, merge); spot: "
+        "AWS's 'up to 90%' savings up to the on-demand cost. quota ?: not read (see below).",
+        highlight=False,
+        markup=False,
+    )
+    for c in result.candidates:
+        wide.print(f"{c.target} {c.nodes} x {c.instance_type}:", style="bold", highlight=False, markup=False)
+        for label, text in (("fits", f"{c.fits}: {c.fits_detail}"), ("tokens/s", f"{c.throughput}: "
+                            f"{c.throughput_detail or '-'}"), ("price", c.price_source),
+                            ("quota", f"{c.quota_name!r}: {c.quota_detail}")):  # fmt: skip
+            wide.print(f"  {label}: {text}", highlight=False, markup=False)
+    if result.left_out:
+        names = ", ".join(line.split(":", 1)[0] for line in result.left_out)
+        err.print(f"left out, they do not fit ({len(result.left_out)}; --all shows them): {names}", highlight=False,
+                  markup=False)  # fmt: skip
+    for line in result.notes:
+        err.print(line, highlight=False, markup=False)
+    for c in result.candidates:
+        if c.problem:
+            err.print(f"warning: {c.target} {c.instance_type}: {c.problem}", highlight=False, markup=False)
+
+
+def _count(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "?"
+
+
+jobs_app = group("Jobs started earlier, on any target, from any machine.")
 app.add_typer(jobs_app, name="jobs")
-JobConfig = Annotated[str, typer.Option("--config", "-c", help="The job's config (AWS region, endpoint, paths).")]
-TargetOpt = Annotated[str | None, typer.Option(help="Target of the job (default: the config's).")]
+TargetOpt = Annotated[TrainTarget | None, typer.Option(help="Target of the job (default: the config's).")]
+JobName = Annotated[
+    str | None,
+    typer.Argument(metavar="NAME", show_default=False, help="The job's name (`toolkit jobs list` shows them)."),
+]
 
 
 def _attach(config: str, name: str, target: str | None):
@@ -244,11 +425,16 @@ def _attach(config: str, name: str, target: str | None):
 
 
 @jobs_app.command("status")
-def jobs_status(name: str, config: JobConfig, target: TargetOpt = None, as_json: JsonOpt = False) -> None:
+def jobs_status(
+    source: ConfigFirst = None, name: JobName = None, config: ConfigAlias = None, target: TargetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:  # fmt: skip
     """Status, detail (failure reason) and artifacts of a job."""
     from toolkit import sdk
 
-    state = sdk.job_status(load(config, None), name, target)
+    source, name = config_first((source, name), config)
+    assert source is not None and name is not None
+    state = sdk.job_status(load(source, None), name, target)
     if as_json:
         emit_json(state)
         raise typer.Exit(1 if state.status.value == "Failed" else 0)
@@ -261,54 +447,71 @@ def jobs_status(name: str, config: JobConfig, target: TargetOpt = None, as_json:
 
 @jobs_app.command("logs")
 def jobs_logs(
-    name: str,
-    config: JobConfig,
+    source: ConfigFirst = None,
+    name: JobName = None,
+    config: ConfigAlias = None,
     target: TargetOpt = None,
     follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
 ) -> None:
     """Print a job's log (every host's stream)."""
+    source, name = config_first((source, name), config)
+    assert source is not None and name is not None
     try:
-        for line in _attach(config, name, target).logs(follow=follow_):
+        for line in _attach(source, name, target).logs(follow=follow_):
             out.print(line, highlight=False, markup=False)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
 
 @jobs_app.command("stop")
-def jobs_stop(name: str, config: JobConfig, target: TargetOpt = None) -> None:
+def jobs_stop(
+    source: ConfigFirst = None, name: JobName = None, config: ConfigAlias = None, target: TargetOpt = None
+) -> None:
     """Stop a job (it checkpoints on SIGTERM first)."""
-    _attach(config, name, target).stop()
+    source, name = config_first((source, name), config)
+    assert source is not None and name is not None
+    _attach(source, name, target).stop()
     out.print(f"stop requested for {name}", highlight=False)
 
 
 @jobs_app.command("list")
-def jobs_list(config: JobConfig, target: TargetOpt = None) -> None:
-    """Recent jobs of a target."""
+def jobs_list(
+    source: ConfigFirst = None, config: ConfigAlias = None, target: TargetOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Recent jobs of a target (training-job keeps a list), newest first."""
     from rich.table import Table
 
     from toolkit import sdk
 
-    jobs = sdk.list_jobs(load(config, None), target)
+    (source,) = config_first((source,), config)
+    assert source is not None
+    jobs = sdk.list_jobs(load(source, None), target)
+    if as_json:
+        emit_json([dataclasses_dict(job) for job in jobs])
+        return
     table = Table("name", "status", "created")
     for job in jobs:
-        table.add_row(job["TrainingJobName"], job["TrainingJobStatus"], str(job["CreationTime"]))
+        table.add_row(job.name, job.status, job.created)
     out.print(table)
 
 
-infra_app = typer.Typer(
-    help="The AWS resources (role, bucket, ECR repository, KMS key) as a stack.", no_args_is_help=True
-)
+infra_app = group("The AWS resources (role, bucket, ECR repository, KMS key) as a stack.")
 app.add_typer(infra_app, name="infra")
 StackOpt = Annotated[str, typer.Option("--stack", help="CloudFormation stack name.")]
 AwsConfig = Annotated[
-    str | None, typer.Option("--config", "-c", help="Config whose aws section (region, endpoint) to use.")
-]
+    str | None,
+    typer.Argument(
+        metavar="[CONFIG]", show_default=False,
+        help="Config whose aws section (region, endpoint) to use (default: AWS's own settings).",
+    ),
+]  # fmt: skip
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 
-def _aws_settings(config: str | None):
+def _aws_settings(source: str | None, alias: str | None):
     from toolkit.config.models import AwsSettings
 
+    (config,) = config_first((source,), alias, required=False)
     return load(config, None).aws if config else AwsSettings()
 
 
@@ -324,7 +527,8 @@ def _confirm(question: str, yes: bool) -> None:
 @infra_app.command("deploy")
 def infra_deploy(
     stack: StackOpt = "toolkit",
-    config: AwsConfig = None,
+    source: AwsConfig = None,
+    config: ConfigAlias = None,
     name_prefix: Annotated[str, typer.Option(help="Prefix of every resource name.")] = "toolkit",
     kms: Annotated[bool, typer.Option("--kms", help="Create and use a customer-managed KMS key.")] = False,
     hf_token_secret: Annotated[str, typer.Option(help="Secrets Manager name of the HF token.")] = "hf-token",
@@ -341,13 +545,14 @@ def infra_deploy(
     export_namespace: Annotated[str, typer.Option(help="The export pod's namespace.")] = "default",
     export_service_account: Annotated[str, typer.Option(help="The export pod's service account.")] = "toolkit-export",
     yes: YesOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Create or update the stack: show the parameters and changes, then apply them with progress."""
     from rich.table import Table
 
     from toolkit import sdk
 
-    settings = _aws_settings(config)
+    settings = _aws_settings(source, config)
     export = sdk.ExportRole(export_eks_cluster, export_namespace, export_service_account)
     parameters = sdk.infra_parameters(
         settings, name_prefix, kms, hf_token_secret, data_bucket or [], vpc, mlflow_tracking_server, export
@@ -368,6 +573,9 @@ def infra_deploy(
         _confirm(f"Apply these {len(planned.changes)} changes to {stack}?", yes)
         with status(f"deploying {stack} ...") as update:
             values = sdk.infra_apply(settings, planned, lambda line: update(f"deploying {stack}: {line}"))
+    if as_json:
+        emit_json(values)
+        return
     for key, value in values.items():
         out.print(f"{key}: {value}", highlight=False)
 
@@ -375,7 +583,8 @@ def infra_deploy(
 @infra_app.command("outputs")
 def infra_outputs(
     stack: StackOpt = "toolkit",
-    config: AwsConfig = None,
+    source: AwsConfig = None,
+    config: ConfigAlias = None,
     base: Annotated[
         str, typer.Option(help="The config (file or preset) the written file builds on.")
     ] = "gpt-oss-20b-lora",
@@ -385,7 +594,7 @@ def infra_outputs(
     """Print the stack's outputs, or write them into a config file (base + aws section)."""
     from toolkit import sdk
 
-    settings = _aws_settings(config)
+    settings = _aws_settings(source, config)
     values = sdk.infra_outputs(settings, stack)
     if as_json:
         emit_json(values)
@@ -402,21 +611,24 @@ def infra_outputs(
 @infra_app.command("destroy")
 def infra_destroy(
     stack: StackOpt = "toolkit",
-    config: AwsConfig = None,
+    source: AwsConfig = None,
+    config: ConfigAlias = None,
     force: Annotated[bool, typer.Option("--force", help="Also delete the bucket's data.")] = False,
     yes: YesOpt = False,
 ) -> None:
     """Delete the stack; refuses while the bucket holds data unless --force."""
     from toolkit import sdk
 
-    settings = _aws_settings(config)
+    settings = _aws_settings(source, config)
     _confirm(f"Delete stack {stack}{' and all data in its bucket' if force else ''}?", yes)
     with status(f"deleting {stack} ...") as update:
         sdk.infra_destroy(settings, stack, force, update)
     out.print(f"deleted {stack}")
 
 
-DeployTarget = Annotated[str, typer.Option("--target", help="endpoint (SageMaker) | local (vLLM on this machine).")]
+DeployTarget = Annotated[
+    ServeTarget, typer.Option("--target", help="endpoint: a SageMaker endpoint; local: vLLM on this machine.")
+]
 
 
 def _live():
@@ -465,8 +677,6 @@ def deploy(
     cfg = load(source, set_)
     if target == "local":
         return _deploy_local(cfg, model_dir, port, dry_run)
-    if target != "endpoint":
-        fail(f"--target must be endpoint or local, not {target!r}")
     sent: list[str] = []  # endpoint requests already made: what Ctrl-C leaves behind
     try:
         if dry_run:
@@ -489,7 +699,7 @@ def deploy(
         if sent:
             err.print(
                 "detached: SageMaker goes on creating/updating the endpoint (a failed update rolls back by itself). "
-                f"Check it with: toolkit endpoint describe -c {source}"
+                f"Check it with: toolkit endpoint describe {source}"
             )
         else:
             err.print("interrupted before the endpoint was touched; re-run the same command to deploy")
@@ -604,14 +814,22 @@ def invoke(
         fail("the reply " + "; ".join(problems), code=1)
 
 
-image_app = typer.Typer(help="The toolkit's container images (built with docker, pushed to ECR).", no_args_is_help=True)
+image_app = group("The toolkit's container images (built with docker, pushed to ECR).")
 app.add_typer(image_app, name="image")
 
 
 @image_app.command("build")
 def image_build(
-    kind: Annotated[str, typer.Argument(help="serving (vLLM endpoint) or training (HyperPod pods, training jobs).")],
-    config: JobConfig,
+    source: ConfigFirst = None,
+    kind: Annotated[
+        ImageKind | None,
+        typer.Argument(
+            metavar="KIND",
+            show_default=False,
+            help="serving (vLLM endpoint) or training (HyperPod pods, training jobs).",
+        ),
+    ] = None,
+    config: ConfigAlias = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the image URI; build nothing.")] = False,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -619,41 +837,53 @@ def image_build(
     """Build an image and push it to ECR unless the registry already has this content's tag; print its URI."""
     from toolkit import sdk
 
-    if kind not in ("serving", "training"):
-        fail(f"image kind must be serving or training, not {kind!r}", code=2)
-    cfg = load(config, set_)
+    source, kind_name = config_first((source, kind), config)  # -c CONFIG KIND: the kind came in first
+    if kind_name not in ("serving", "training"):
+        fail(f"image kind must be serving or training, not {kind_name!r}", code=2)
+    assert source is not None
+    kind = kind_name
+    cfg = load(source, set_)
     with status(f"building the {kind} image ...") as update:
-        uri = sdk.build_image(cfg, lambda line: update(line[-160:]), kind=kind, dry_run=dry_run)  # type: ignore[arg-type]
+        uri = sdk.build_image(cfg, lambda line: update(line[-160:]), kind=kind, dry_run=dry_run)
     if as_json:
         emit_json({"image_uri": uri})
         return
     sys.stdout.write(uri + "\n")
 
 
-endpoint_app = typer.Typer(help="SageMaker endpoints made by `toolkit deploy`.", no_args_is_help=True)
+endpoint_app = group("SageMaker endpoints made by `toolkit deploy`.")
 app.add_typer(endpoint_app, name="endpoint")
 
 
+def _config(source: str | None, alias: str | None) -> str:
+    (chosen,) = config_first((source,), alias)
+    assert chosen is not None
+    return chosen
+
+
 @endpoint_app.command("list")
-def endpoint_list(config: JobConfig) -> None:
-    """Endpoints in the config's account and region."""
+def endpoint_list(source: ConfigFirst = None, config: ConfigAlias = None, as_json: JsonOpt = False) -> None:
+    """Endpoints in the config's account and region, newest first."""
     from rich.table import Table
 
     from toolkit import sdk
 
+    endpoints = sdk.list_endpoints(load(_config(source, config), None))
+    if as_json:
+        emit_json([dataclasses_dict(item) for item in endpoints])
+        return
     table = Table("name", "status", "modified")
-    endpoints = sdk.endpoints(load(config, None)).list_endpoints()
     for item in endpoints:
-        table.add_row(item["EndpointName"], item["EndpointStatus"], str(item["LastModifiedTime"]))
+        table.add_row(item.name, item.status, item.modified)
     out.print(table)
 
 
 @endpoint_app.command("describe")
-def endpoint_describe(config: JobConfig, as_json: JsonOpt = False) -> None:
+def endpoint_describe(source: ConfigFirst = None, config: ConfigAlias = None, as_json: JsonOpt = False) -> None:
     """Status, serving config, instances and failure reason of the config's endpoint."""
     from toolkit import sdk
 
-    description = sdk.endpoints(load(config, None)).describe()
+    description = sdk.endpoints(load(_config(source, config), None)).describe()
     if description is None:
         fail("the endpoint does not exist: create it with `toolkit deploy`", code=2)
     if as_json:
@@ -670,13 +900,18 @@ def endpoint_describe(config: JobConfig, as_json: JsonOpt = False) -> None:
 
 
 @endpoint_app.command("delete")
-def endpoint_delete(config: JobConfig, yes: YesOpt = False) -> None:
+def endpoint_delete(
+    source: ConfigFirst = None, config: ConfigAlias = None, yes: YesOpt = False, as_json: JsonOpt = False
+) -> None:
     """Delete the endpoint with its config and model (the model data in S3 stays)."""
     from toolkit import sdk
 
-    endpoints = sdk.endpoints(load(config, None))
+    endpoints = sdk.endpoints(load(_config(source, config), None))
     _confirm(f"Delete endpoint {endpoints.name}?", yes)
     deleted = endpoints.delete()
+    if as_json:
+        emit_json({"name": endpoints.name, "deleted": deleted})
+        return
     out.print("deleted " + ", ".join(deleted) if deleted else f"endpoint {endpoints.name} does not exist")
 
 

@@ -7,6 +7,7 @@ Nothing here parses flags or prints tables: results come back as values, failure
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,29 @@ if TYPE_CHECKING:
     from toolkit.deploy.local import LocalServer
     from toolkit.deploy.registry import Registration
     from toolkit.infra import Plan
+    from toolkit.plan import Plan as RunPlan
+
+
+@dataclass
+class JobSummary:
+    """One row of `list_jobs`."""
+
+    name: str
+    status: str
+    created: str  # ISO 8601
+
+
+@dataclass
+class EndpointSummary:
+    """One row of `list_endpoints`."""
+
+    name: str
+    status: str
+    modified: str  # ISO 8601
+
+
+def _iso(value: Any) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _as_config(config: Config | str | Path, overrides: Sequence[str] = (), target: str | None = None) -> Config:
@@ -44,25 +68,30 @@ def prepare_data(
     Returns the token statistics and where the dataset went: a directory, or an s3:// prefix (uploaded with
     the config's AWS settings). Point `data.source` at it to train on it without re-tokenizing.
     """
+    import json
     import tempfile
 
     from toolkit_train.data import PrepareReport, load_rows, prepare
     from toolkit_train.model import load_tokenizer
 
     from toolkit import aws
+    from toolkit.plan import STATS_FILE
 
     cfg = _as_config(config, overrides)
     destination = str(output) if output else str(Path("runs") / cfg.name / "prepared")
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
     dataset = prepare(load_rows(cfg.data.source, cfg.data.split), tokenizer, cfg.data, report)
+    stats = json.dumps(report.summary(), indent=1)  # what `toolkit plan` reads the data's tokens from
     if destination.startswith("s3://"):
         with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
             dataset.save_to_disk(staging)
+            (Path(staging) / STATS_FILE).write_text(stats)
             bucket, _, prefix = destination[len("s3://") :].partition("/")
             aws.upload_tree(aws.client(cfg.aws, "s3"), Path(staging), bucket, prefix)
     else:
         dataset.save_to_disk(destination)
+        (Path(destination) / STATS_FILE).write_text(stats)
     return {"output": destination, **report.summary(), "bad_rows": report.bad_rows}
 
 
@@ -71,13 +100,39 @@ def train(
     target: str | None = None,
     overrides: Sequence[str] = (),
     fresh: bool = False,
+    preflight: bool = True,
+    on_note: Callable[[str], None] | None = None,
 ) -> Job:
     """Submit training to a target (default: the config's `target`); returns a job handle.
 
-    Call `job.wait()` to block until it ends; `job.stop()` checkpoints and stops it.
+    A training job is first checked against the account's Service Quota for its instances (`QuotaError`, nothing
+    submitted, when it is below the instance count) and priced; `on_note` gets that one line. `preflight=False`
+    skips both. Call `job.wait()` to block until it ends; `job.stop()` checkpoints and stops it.
     """
+    from toolkit import limits
+
     cfg = _as_config(config, overrides, target)
+    if preflight and cfg.target == "training-job":
+        limits.preflight(cfg, on_note)
     return get_target(cfg.target).submit(cfg, fresh=fresh)
+
+
+def plan(
+    config: Config | str | Path,
+    target: str | None = None,
+    overrides: Sequence[str] = (),
+    tokens: int | None = None,
+    prices: dict[str, float] | None = None,
+    online: bool = True,
+    all_types: bool = False,
+) -> RunPlan:
+    """Before a run: per candidate (the configured target first, then the training-job instance types and
+    HyperPod node counts that fit) whether it fits in GPU memory, expected tokens/s and wall-clock, on-demand
+    cost and the spot range, and the account's Service Quota for it. Every figure names its source; `online=False`
+    reads the shipped price file and checks no quota. `prices`: USD per instance-hour by type ("*": all)."""
+    from toolkit.plan import plan as make_plan
+
+    return make_plan(_as_config(config, overrides, target), tokens, prices, online, all_types)
 
 
 def render_train(config: Config | str | Path, target: str | None = None, overrides: Sequence[str] = ()) -> str:
@@ -120,15 +175,22 @@ def job_status(config: Config | str | Path, name: str, target: str | None = None
     return job(config, name, target).status()
 
 
-def list_jobs(config: Config | str | Path, target: str | None = None) -> list[dict[str, Any]]:
-    """Recent jobs of a target that keeps a list (training-job); `TargetError` for one that does not."""
+def list_jobs(config: Config | str | Path, target: str | None = None) -> list[JobSummary]:
+    """Recent jobs of a target that keeps a list (training-job), newest first; `TargetError` for one that does not."""
     from toolkit.targets.base import TargetError
 
     cfg = _as_config(config)
     chosen = get_target(target or cfg.target)
     if not hasattr(chosen, "list"):
         raise TargetError(f"target {chosen.name} keeps no job list; its jobs are directories (local.output_dir)")
-    return chosen.list(cfg)
+    return [JobSummary(job["TrainingJobName"], job["TrainingJobStatus"], _iso(job["CreationTime"]))
+            for job in chosen.list(cfg)]  # fmt: skip
+
+
+def list_endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> list[EndpointSummary]:
+    """The endpoints in the config's account and region, newest first."""
+    return [EndpointSummary(e["EndpointName"], e["EndpointStatus"], _iso(e["LastModifiedTime"]))
+            for e in endpoints(config, overrides).list_endpoints()]  # fmt: skip
 
 
 def infra_plan(settings: AwsSettings, stack: str, parameters: dict[str, str]) -> Plan:

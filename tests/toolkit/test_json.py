@@ -43,3 +43,23 @@ def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
     answered = run_json("invoke", str(config), "Wie viele Minuten hat ein Tag?")
     assert answered == {"content": "1440", "reasoning": "24 x 60", "finish_reason": "stop",
                         "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local"}  # fmt: skip
+
+
+def test_list_verbs_print_typed_rows_not_sagemaker_keys(aws_env, tmp_path):
+    job = "tiny-gpt-oss-local-20261130-2"
+    completed_training_job(aws_env, job)
+    config = tmp_path / "job.yaml"
+    config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"
+                      "serving: {instance_type: ml.g4dn.xlarge}\n")  # fmt: skip
+    jobs = CliRunner().invoke(app, ["jobs", "list", str(config), "--target", "training-job", "--json"])
+    assert jobs.exit_code == 0, jobs.output
+    rows = json.loads(jobs.stdout)
+    assert [set(row) for row in rows] == [{"name", "status", "created"}] and rows[0]["name"] == job
+    assert rows[0]["status"] == "Completed" and rows[0]["created"][:4].isdigit()  # ISO 8601
+    alias = CliRunner().invoke(app, ["jobs", "list", "-c", str(config), "--target", "training-job", "--json"])
+    assert json.loads(alias.stdout) == rows  # -c stays an alias of the first argument
+    run_json("deploy", str(config), "--image-uri", IMAGE)
+    listed = run_json("endpoint", "list", str(config))
+    assert [set(row) for row in listed] == [{"name", "status", "modified"}] and listed[0]["status"] == "InService"
+    validated = run_json("config", "validate", str(config), "gpt-oss-20b-lora")
+    assert [v["name"] for v in validated] == ["tiny-gpt-oss-local", "gpt-oss-20b-lora"]

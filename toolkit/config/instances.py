@@ -18,28 +18,48 @@ class Instance(NamedTuple):
     gpus: int
     efa: int  # EFA interfaces HyperPod pods should request (0: no EFA)
     gpu_memory_gib: int
+    gpu: str  # the GPU model: a key of GPUS
     local_nvme: bool = True  # instance storage on NVMe (every type here but p3)
 
 
+class Gpu(NamedTuple):
+    """What `toolkit plan` scales a measurement by: dense bf16 tensor TFLOP/s from NVIDIA's data sheets (no
+    sparsity); 0 for GPUs without bf16 (T4, V100: the training stack runs in bf16)."""
+
+    bf16_tflops: float
+
+
+GPUS: dict[str, Gpu] = {
+    "B200": Gpu(2250),
+    "H200": Gpu(989),
+    "H100": Gpu(989),
+    "A100": Gpu(312),
+    "L40S": Gpu(362),
+    "A10G": Gpu(125),  # NVIDIA publishes the A10's figure; AWS's A10G variant is not separately listed
+    "T4": Gpu(0),
+    "V100": Gpu(0),
+}
+
+
 INSTANCES: dict[str, Instance] = {
-    "ml.p6-b200.48xlarge": Instance(8, 8, 179),
-    "ml.p5en.48xlarge": Instance(8, 16, 141),
-    "ml.p5e.48xlarge": Instance(8, 32, 141),
-    "ml.p5.48xlarge": Instance(8, 32, 80),
-    "ml.p4de.24xlarge": Instance(8, 4, 80),
-    "ml.p4d.24xlarge": Instance(8, 4, 40),
-    "ml.g6e.xlarge": Instance(1, 0, 48),
-    "ml.g6e.2xlarge": Instance(1, 0, 48),
-    "ml.g6e.12xlarge": Instance(4, 0, 48),
-    "ml.g6e.48xlarge": Instance(8, 1, 48),
-    "ml.g5.xlarge": Instance(1, 0, 24),
-    "ml.g5.2xlarge": Instance(1, 0, 24),
-    "ml.g5.12xlarge": Instance(4, 0, 24),
-    "ml.g5.48xlarge": Instance(8, 1, 24),
-    "ml.g4dn.xlarge": Instance(1, 0, 16),
-    "ml.g4dn.12xlarge": Instance(4, 0, 16),
-    "ml.p3.2xlarge": Instance(1, 0, 16, local_nvme=False),
-    "ml.p3.16xlarge": Instance(8, 0, 16, local_nvme=False),
+    "ml.p6-b200.48xlarge": Instance(8, 8, 179, "B200"),
+    "ml.p5en.48xlarge": Instance(8, 16, 141, "H200"),
+    "ml.p5e.48xlarge": Instance(8, 32, 141, "H200"),
+    "ml.p5.48xlarge": Instance(8, 32, 80, "H100"),
+    "ml.p4de.24xlarge": Instance(8, 4, 80, "A100"),
+    "ml.p4d.24xlarge": Instance(8, 4, 40, "A100"),
+    "ml.g6e.xlarge": Instance(1, 0, 48, "L40S"),
+    "ml.g6e.2xlarge": Instance(1, 0, 48, "L40S"),
+    "ml.g6e.12xlarge": Instance(4, 0, 48, "L40S"),
+    "ml.g6e.48xlarge": Instance(8, 1, 48, "L40S"),
+    "ml.g5.xlarge": Instance(1, 0, 24, "A10G"),
+    "ml.g5.2xlarge": Instance(1, 0, 24, "A10G"),
+    "ml.g5.12xlarge": Instance(4, 0, 24, "A10G"),
+    "ml.g5.48xlarge": Instance(8, 1, 24, "A10G"),
+    "ml.g4dn.xlarge": Instance(1, 0, 16, "T4"),
+    "ml.g4dn.12xlarge": Instance(4, 0, 16, "T4"),
+    "ml.p3.2xlarge": Instance(1, 0, 16, "V100", local_nvme=False),
+    "ml.p3.16xlarge": Instance(8, 0, 16, "V100", local_nvme=False),
 }
 
 

@@ -90,7 +90,7 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
     if not hp.image:
         raise TargetError(
             "hyperpod.image is required on EKS: the training image every pod runs. Build the toolkit's with "
-            "`toolkit image build training -c CONFIG` (it prints the URI) and set hyperpod.image"
+            "`toolkit image build CONFIG training` (it prints the URI) and set hyperpod.image"
         )
     spec = instance(hp.instance_type, "hyperpod.instance_type")
     root = job_dir(config)

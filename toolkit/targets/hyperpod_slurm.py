@@ -247,7 +247,7 @@ class SlurmOrchestrator(Target):
         if live:
             raise TargetError(
                 f"run {config.name} ({root}) is already Slurm job {live[0]} ({live[1]}): follow it with `toolkit "
-                f"jobs logs {live[0]} --follow -c CONFIG`, stop it with `toolkit jobs stop {live[0]} -c CONFIG`"
+                f"jobs logs CONFIG {live[0]} --follow`, stop it with `toolkit jobs stop CONFIG {live[0]}`"
             )
         stage(config, root, fresh)
         script = root / "submit.sbatch"

@@ -265,8 +265,8 @@ def _busy(config: Config, root: Path, owner: dict) -> str:
     who = f"process {owner.get('pid', '?')} on {owner.get('host', '?')} since {owner.get('started', '?')}"
     return (
         f"run {config.name} ({root}) is already being trained by {who}: follow it with "
-        f"`toolkit jobs logs {config.name} --follow -c CONFIG`, stop it with "
-        f"`toolkit jobs stop {config.name} -c CONFIG`, or set local.output_dir to train another copy"
+        f"`toolkit jobs logs CONFIG {config.name} --follow`, stop it with "
+        f"`toolkit jobs stop CONFIG {config.name}`, or set local.output_dir to train another copy"
     )
 
 

@@ -156,7 +156,7 @@ class TrainingJobTarget(Target):
         if running:
             raise TargetError(
                 f"training job {running} of config {config.name} is still running: follow it with `toolkit jobs "
-                f"logs {running} --follow -c CONFIG`, stop it with `toolkit jobs stop {running} -c CONFIG`, or pass "
+                f"logs CONFIG {running} --follow`, stop it with `toolkit jobs stop CONFIG {running}`, or pass "
                 "--fresh to start another job beside it"
             )
         job_name = sagemaker_sdk.unique_job_name(config.name)

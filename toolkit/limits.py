@@ -1,0 +1,241 @@
+"""What AWS says about an instance type before anything launches: its price (the Price List API, cached, with the
+shipped price file as the offline fallback) and the account's Service Quotas for it.
+
+Quota names are SageMaker's own ("ml.p5.48xlarge for training job usage"); their codes (L-...) differ by quota and
+are not known offline, so the quotas are listed and matched by name. New accounts start at 0 for most GPU types:
+`toolkit train` refuses before CreateTrainingJob would fail with ResourceLimitExceeded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toolkit.errors import BadInput
+from toolkit.resources import HERE as RESOURCES
+
+if TYPE_CHECKING:
+    from toolkit.config.models import AwsSettings
+
+log = logging.getLogger(__name__)
+PRICE_FILE = RESOURCES / "prices.json"
+PRICE_CACHE_SECONDS = 7 * 24 * 3600
+PRICING_REGION = "us-east-1"  # the Price List API answers in us-east-1, eu-central-1 and ap-south-1 only
+# what each target's instances are counted against (SageMaker's quota names, by usage)
+QUOTA_USAGE = {"training-job": "training job usage", "spot": "spot training job usage", "hyperpod": "cluster usage"}
+QUOTA_CONSOLE = "https://console.aws.amazon.com/servicequotas/home/services/sagemaker/quotas"
+
+
+_unreachable: set[str] = set()  # regions whose Price List API could not be reached in this process: not retried
+
+
+class QuotaError(BadInput):
+    """The account may not start the instances (a Service Quota below what the job needs)."""
+
+
+@dataclass
+class Price:
+    usd_per_hour: float | None  # on demand, one instance
+    source: str  # where the figure came from: "--price", "AWS Price List API ...", the shipped file, or why none
+
+
+@dataclass
+class Quota:
+    name: str  # the quota to request, as the Service Quotas console names it
+    value: float | None  # None: not known (the reason is in `detail`)
+    detail: str
+
+
+def quota_name(instance_type: str, usage: str) -> str:
+    return f"{instance_type} for {QUOTA_USAGE[usage]}"
+
+
+def parse_price_overrides(values: list[str]) -> dict[str, float]:
+    """--price TYPE=USD (per instance-hour); a bare USD applies to every instance type ("*")."""
+    prices = {}
+    for value in values:
+        name, _, usd = value.rpartition("=")
+        try:
+            prices[name or "*"] = float(usd)
+        except ValueError:
+            raise BadInput(f"--price {value!r}: write TYPE=USD per instance-hour, e.g. ml.p5.48xlarge=55.04") from None
+    return prices
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit"
+    return Path(root) / "prices.json"
+
+
+def shipped_prices() -> dict[str, Any]:
+    return json.loads(PRICE_FILE.read_text())
+
+
+def price(
+    settings: AwsSettings, instance_type: str, overrides: dict[str, float] | None = None, online: bool = True
+) -> Price:
+    """On-demand USD per instance-hour of a training instance: --price, else the cache, else the Price List API
+    (when online), else the shipped file."""
+    overrides = overrides or {}
+    if instance_type in overrides or "*" in overrides:
+        return Price(overrides.get(instance_type, overrides.get("*")), "--price")
+    key = f"{settings.region}/{instance_type}"
+    cache = _read_cache()
+    cached = cache.get(key)
+    if cached and time.time() - cached["at"] < PRICE_CACHE_SECONDS:
+        return Price(cached["usd"], f"AWS Price List API ({settings.region}, cached {_age(cached['at'])})")
+    if online and settings.region not in _unreachable:
+        fetched = _price_list(settings, instance_type)
+        if fetched is not None:
+            cache[key] = {"usd": fetched, "at": time.time()}
+            _write_cache(cache)
+            return Price(fetched, f"AWS Price List API ({settings.region})")
+    shipped = shipped_prices()
+    usd = shipped["training"].get(instance_type)
+    if usd is None:
+        return Price(None, f"no price for {instance_type} offline: pass --price {instance_type}=USD")
+    where = "" if settings.region == shipped["region"] else f"; {shipped['region']}'s, not {settings.region}'s"
+    return Price(usd, f"shipped price file ({shipped['as_of']}{where})")
+
+
+def _age(at: float) -> str:
+    hours = (time.time() - at) / 3600
+    return f"{hours:.0f} h ago" if hours < 48 else f"{hours / 24:.0f} days ago"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache: dict[str, Any]) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cache, indent=1))
+    except OSError as exc:  # a read-only home: the price is still right, only not remembered
+        log.debug("price cache not written: %s", exc)
+
+
+def pricing_client(settings: AwsSettings) -> Any:
+    from toolkit import aws
+
+    return aws.client(settings.model_copy(update={"region": PRICING_REGION}), "pricing")
+
+
+def price_list_request(region: str, instance_type: str) -> dict[str, Any]:
+    """GetProducts for SageMaker's products of one instance type in one region (training, hosting, ... all come)."""
+    return {
+        "ServiceCode": "AmazonSageMaker",
+        "Filters": [
+            {"Type": "TERM_MATCH", "Field": "regionCode", "Value": region},
+            {"Type": "TERM_MATCH", "Field": "instanceName", "Value": instance_type},
+        ],
+        "FormatVersion": "aws_v1",
+        "MaxResults": 100,
+    }
+
+
+def _price_list(settings: AwsSettings, instance_type: str) -> float | None:
+    """The on-demand training price from the Price List API: the product whose usage type is `...Train:TYPE`."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client = pricing_client(settings)
+        pages = client.get_paginator("get_products").paginate(**price_list_request(settings.region, instance_type))
+        products = [json.loads(item) for page in pages for item in page.get("PriceList", [])]
+    except (ClientError, BotoCoreError, BadInput) as exc:
+        log.info("price of %s from the Price List API: %s", instance_type, exc)
+        if not isinstance(exc, ClientError):  # no credentials, no network: the next instance type fares no better
+            _unreachable.add(settings.region)
+        return None
+    for product in products:
+        usage = product.get("product", {}).get("attributes", {}).get("usagetype", "")
+        if not usage.endswith(f"Train:{instance_type}"):
+            continue  # hosting, notebooks, processing, spot, ...
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                usd = float(dimension.get("pricePerUnit", {}).get("USD", 0))
+                if usd > 0:
+                    return usd
+    log.info("the Price List API lists no on-demand training price for %s in %s", instance_type, settings.region)
+    return None
+
+
+def quotas_client(settings: AwsSettings) -> Any:
+    from toolkit import aws
+
+    return aws.client(settings, "service-quotas")
+
+
+def quotas(settings: AwsSettings, names: list[str]) -> dict[str, Quota]:
+    """The account's SageMaker quotas by name: the applied value (ListServiceQuotas), else AWS's default
+    (ListAWSDefaultServiceQuotas: applied values are listed only for some quotas); value None when unreadable."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    wanted = set(names)
+    found: dict[str, Quota] = {}
+    try:
+        client = quotas_client(settings)
+        for operation, what in (("list_service_quotas", "applied"), ("list_aws_default_service_quotas", "default")):
+            if wanted <= set(found):
+                break
+            for page in client.get_paginator(operation).paginate(ServiceCode="sagemaker"):
+                for item in page.get("Quotas", []):
+                    name = item.get("QuotaName")
+                    if name in wanted and name not in found:
+                        found[name] = Quota(name, float(item["Value"]), f"{what} value, {item.get('QuotaCode', '')}")
+    except (ClientError, BotoCoreError, BadInput) as exc:
+        log.info("Service Quotas: %s", exc)
+        reason = f"quota not read ({_short(exc)})"
+        return {name: found.get(name) or Quota(name, None, reason) for name in names}
+    return {name: found.get(name) or Quota(name, None, "quota not listed by Service Quotas") for name in names}
+
+
+def _short(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and response.get("Error", {}).get("Code"):
+        return f"{getattr(exc, 'operation_name', 'the call')}: {response['Error']['Code']}"
+    return str(exc).splitlines()[0][:120]
+
+
+def quota_problem(quota: Quota, needed: int) -> str | None:
+    """The one line that refuses a launch, or None: a quota below the instances the job needs."""
+    if quota.value is None or quota.value >= needed:
+        return None
+    return (
+        f"Service Quota {quota.name!r} is {quota.value:g} in this account and region, the job needs {needed}: "
+        f"request {needed} or more (Service Quotas console, {QUOTA_CONSOLE}, or `aws service-quotas "
+        f"request-service-quota-increase`), or pass --no-preflight to submit anyway"
+    )
+
+
+def preflight(cfg: Any, on_note: Any = None, online: bool = True) -> str:
+    """Before a training job is submitted: refuse (QuotaError) when the account's quota for its instances is below
+    the instance count; else one line with the quota and the price. `online=False`: the price file only."""
+    job = cfg.training_job
+    name = quota_name(job.instance_type, "spot" if job.spot else "training-job")
+    quota = quotas(cfg.aws, [name])[name] if online else Quota(name, None, "not checked")
+    problem = quota_problem(quota, job.instance_count)
+    if problem:
+        raise QuotaError(problem)
+    cost = price(cfg.aws, job.instance_type, online=online)
+    quota_text = f"{quota.value:g}" if quota.value is not None else quota.detail
+    price_text = (
+        f"${cost.usd_per_hour * job.instance_count:,.2f}/h on demand ({cost.source})"
+        if cost.usd_per_hour is not None else cost.source
+    )  # fmt: skip
+    line = (
+        f"preflight: {job.instance_count} x {job.instance_type}: quota {name!r} = {quota_text}; {price_text}; "
+        "time and cost: `toolkit plan CONFIG`"
+    )
+    if on_note:
+        on_note(line)
+    return line

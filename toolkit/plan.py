@@ -1,0 +1,267 @@
+"""`toolkit plan`: before a run, per candidate (the configured target first, then the training-job instance types
+and HyperPod node counts that fit): whether it fits in GPU memory, the expected tokens/s and wall-clock, the cost,
+and the account's quota for it.
+
+Every figure says where it comes from. Throughput and memory: the one shipped table of measurements
+(toolkit/resources/throughput.json, built from bench/results by bench/throughput_table.py) and the measured limits
+(toolkit.config.instances.MICRO_BATCH_LIMITS); a row that is scaled (more GPUs than measured) or estimated (another
+GPU, micro-batch or expert setting than measured) says so. Prices and quotas: toolkit.limits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from toolkit.config import Config
+from toolkit.config.instances import GPUS, INSTANCES, MICRO_BATCH_LIMITS, MODELS
+from toolkit.resources import HERE as RESOURCES
+
+THROUGHPUT_FILE = RESOURCES / "throughput.json"
+STATS_FILE = "toolkit-stats.json"  # written by `toolkit data prepare` next to the prepared dataset
+CHARS_PER_TOKEN = 4  # the fast count of an unprepared local file: its bytes / 4 (marked estimated)
+HYPERPOD_NODES = (1, 2, 4)  # the node counts plan offers besides the configured one
+Basis = Literal["measured", "scaled", "estimated", "none"]
+BASIS_ORDER: list[Basis] = ["measured", "scaled", "estimated", "none"]
+
+
+@dataclass
+class Candidate:
+    target: str
+    instance_type: str | None
+    nodes: int
+    gpus: int
+    configured: bool
+    fits: Literal["yes", "no", "unknown"]
+    fits_detail: str
+    tokens: int | None  # tokens the run trains on (all its optimizer steps)
+    tokens_per_s: float | None
+    throughput: Basis
+    throughput_detail: str
+    hours: float | None  # training steps only: not instance start-up, the model download or the merge
+    usd_per_hour: float | None  # on demand, all nodes together
+    price_source: str
+    cost_usd: float | None
+    spot_cost_usd: tuple[float, float] | None  # training-job only: (the most savings AWS quotes, on demand)
+    quota_name: str | None
+    quota: float | None
+    quota_detail: str
+    problem: str | None = None  # the one line that refuses this candidate's launch (a quota below what it needs)
+
+
+@dataclass
+class Plan:
+    config: str
+    model: str
+    data_tokens: int | None  # one epoch's tokens
+    data_tokens_source: str
+    candidates: list[Candidate] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # instance types that do not fit, one line each
+    notes: list[str] = field(default_factory=list)
+
+
+@cache
+def throughput_table() -> dict[str, Any]:
+    return json.loads(THROUGHPUT_FILE.read_text())
+
+
+def data_tokens(cfg: Config, tokens: int | None = None) -> tuple[int | None, str]:
+    """One epoch's tokens: --tokens, else the statistics `toolkit data prepare` saved, else a fast count of a
+    local file (bytes / 4, estimated), else unknown."""
+    from toolkit_train.data import SAMPLE_DATASET, SAMPLE_PATH
+
+    if tokens:
+        return tokens, "--tokens"
+    source = cfg.data.source
+    for directory in (Path(source), Path("runs") / cfg.name / "prepared"):
+        stats = directory / STATS_FILE
+        if not source.startswith(("s3://", "fsx://")) and stats.is_file():
+            return int(json.loads(stats.read_text())["tokens"]), f"measured by `toolkit data prepare` ({stats})"
+    local = SAMPLE_PATH if source == SAMPLE_DATASET else Path(source)
+    if local.is_file():
+        size = local.stat().st_size
+        return size // CHARS_PER_TOKEN, f"estimated: {local.name}'s {size:,} bytes / {CHARS_PER_TOKEN}"
+    return None, (
+        f"unknown for {source}: run `toolkit data prepare CONFIG` (saves the token statistics plan reads) "
+        "or pass --tokens N"
+    )
+
+
+def run_tokens(cfg: Config, world: int, epoch_tokens: int | None) -> tuple[int | None, str]:
+    """Tokens the whole run trains on, on `world` GPUs: max_steps x tokens per optimizer step (an upper bound:
+    full micro-batches), else epochs x the data's tokens."""
+    t = cfg.training
+    if t.max_steps:
+        per_micro = cfg.micro_batch_tokens() if t.packing else t.per_device_batch_size * cfg.data.max_length
+        return t.max_steps * per_micro * t.gradient_accumulation_steps * world, "up to: max_steps x full micro-batches"
+    if epoch_tokens is None:
+        return None, ""
+    return int(t.num_epochs * epoch_tokens), f"{t.num_epochs:g} epoch(s)"
+
+
+def _rows(cfg: Config) -> tuple[list[dict], str]:
+    """The measured rows for this model and setting; else the model's other settings (then marked estimated)."""
+    rows = [r for r in throughput_table()["rows"] if r["model"] == cfg.model.id]
+    expert_lora = bool(cfg.lora.target_parameters)
+    same = [r for r in rows if r["experts"] == cfg.model.experts and r["expert_lora"] == expert_lora
+            and r["packed"] == cfg.training.packing]  # fmt: skip
+    if same:
+        return same, ""
+    packed = [r for r in rows if r["packed"] == cfg.training.packing and r["expert_lora"] == expert_lora] or rows
+    if not packed:
+        return [], ""
+    return packed, "measured with another setting (model.experts / training.distributed) than this config's"
+
+
+def _checkpointing(cfg: Config) -> set[bool]:
+    value = cfg.training.gradient_checkpointing
+    return {True, False} if value == "auto" else {bool(value)}
+
+
+def throughput(cfg: Config, instance_type: str, world: int) -> tuple[float | None, Basis, str]:
+    """Expected tokens/s of the whole job: the closest measured row, per GPU, times the GPUs."""
+    rows, caveat = _rows(cfg)
+    gpu = INSTANCES[instance_type].gpu
+    if not rows:
+        return None, "none", f"no measurement of {cfg.model.id}"
+    budget = cfg.micro_batch_tokens() if cfg.training.packing else None
+    checkpointing = _checkpointing(cfg)
+
+    def distance(row: dict) -> tuple:
+        size = 0.0 if budget is None or row["tokens_per_micro_batch"] is None else abs(
+            math.log(row["tokens_per_micro_batch"] / budget))  # fmt: skip
+        return (row["gpu"] != gpu, size, row["gradient_checkpointing"] not in checkpointing)
+
+    row = min(rows, key=distance)
+    basis: Basis = "estimated" if caveat else "measured"
+    details = [f"{row['row']} ({row['source']}): {row['tokens_per_s_per_gpu']:,} tokens/s per {row['gpu']}"]
+    if row["note"]:
+        details.append(row["note"])
+    if caveat:
+        details.append(caveat)
+    per_gpu = float(row["tokens_per_s_per_gpu"])
+    if row["tokens_per_micro_batch"] != budget and budget is not None:
+        basis = "estimated"
+        details.append(f"the nearest measured micro-batch ({row['tokens_per_micro_batch']:,}, not {budget:,} tokens)")
+    if row["gradient_checkpointing"] not in checkpointing:
+        basis = "estimated"
+        details.append(f"measured with gradient checkpointing {'on' if row['gradient_checkpointing'] else 'off'}")
+    if row["gpu"] != gpu:
+        ratio = GPUS[gpu].bf16_tflops / GPUS[row["gpu"]].bf16_tflops
+        if ratio == 0:
+            return None, "none", f"{gpu} has no bf16 (the training stack runs in bf16)"
+        per_gpu *= ratio
+        basis = "estimated"
+        details.append(f"x {ratio:.2f} for {gpu} (peak bf16 TFLOP/s against {row['gpu']})")
+    total = per_gpu * world
+    if world > 1:
+        efficiency = throughput_table()["ddp_2gpu_efficiency"]["value"]
+        total *= efficiency ** math.log2(world)
+        basis = "estimated" if basis == "estimated" else "scaled"
+        details.append(f"scaled to {world} GPUs at the measured 2-GPU ddp efficiency ({efficiency}) per doubling; "
+                       "more GPUs and nodes are not measured")  # fmt: skip
+    return total, basis, "; ".join(details)
+
+
+def memory_fit(cfg: Config, instance_type: str, world: int) -> tuple[Literal["yes", "no", "unknown"], str]:
+    """Whether the config's micro-batch fits the instance's GPUs: the config's own checks (the ddp weights check,
+    measured out-of-memory limits), then a measured peak on GPUs of this memory or less."""
+    from toolkit.config import ConfigError
+    from toolkit.config.loader import validate
+
+    data = cfg.model_dump()
+    data.update(target="training-job", training_job={**data["training_job"], "instance_type": instance_type})
+    try:
+        validate(data, f"{cfg.name} on {instance_type}")
+    except ConfigError as exc:
+        return "no", str(exc).splitlines()[-1].strip()
+    memory = INSTANCES[instance_type].gpu_memory_gib
+    budget = cfg.micro_batch_tokens()
+    limit = MICRO_BATCH_LIMITS.get((cfg.model.id, cfg.model.experts, memory))
+    if limit and budget <= limit.fits:
+        return "yes", f"measured: {limit.fits:,}-token micro-batches fit {memory} GiB GPUs ({limit.source})"
+    rows, caveat = _rows(cfg)
+    checkpointing = _checkpointing(cfg)
+    for row in sorted(rows, key=lambda r: r["peak_mem_gb"]):
+        larger = row["tokens_per_micro_batch"] is None or budget is None or row["tokens_per_micro_batch"] >= budget
+        if (
+            not caveat
+            and larger
+            and row["gpu_memory_gib"] <= memory
+            and (not row["gradient_checkpointing"] or True in checkpointing)
+        ):
+            size = "1-row" if row["tokens_per_micro_batch"] is None else f"{row['tokens_per_micro_batch']:,}-token"
+            return "yes", f"measured: {size} micro-batches peaked at {row['peak_mem_gb']} GB ({row['source']})"
+    shape = MODELS.get(cfg.model.id)
+    nearest = [r for r in rows if budget is None or r["tokens_per_micro_batch"] == budget]
+    peaks = [f"{r['peak_mem_gb']} GB peak on {r['gpu']} ({r['source']})" for r in nearest[:2]]
+    weights = f"; measured elsewhere: {', '.join(peaks)}" if peaks else ""
+    if shape:
+        per_gpu = shape.weights_gib(cfg.model.experts) / (world if cfg.training.distributed == "fsdp" else 1)
+        weights += f"; the weights take ~{per_gpu:.0f} GiB of each {memory} GiB GPU"
+    return "unknown", f"not measured for this setting on {memory} GiB GPUs{weights}"
+
+
+def plan(
+    cfg: Config,
+    tokens: int | None = None,
+    prices: dict[str, float] | None = None,
+    online: bool = True,
+    all_types: bool = False,
+) -> Plan:
+    """The table `toolkit plan` prints: the configured target first, then the alternatives that fit."""
+    from toolkit import limits
+
+    epoch_tokens, tokens_source = data_tokens(cfg, tokens)
+    result = Plan(cfg.name, cfg.model.id, epoch_tokens, tokens_source)
+    choices: list[tuple[str, str, int, bool]] = []  # (target, instance type, nodes, configured)
+    job, pod = cfg.training_job, cfg.hyperpod
+    if cfg.target == "training-job":
+        choices.append(("training-job", job.instance_type, job.instance_count, True))
+    elif cfg.target == "hyperpod":
+        choices.append(("hyperpod", pod.instance_type, pod.nodes, True))
+    else:
+        result.notes.append("target local: this machine's GPUs are not in the price or quota tables; the table "
+                            "compares the cloud targets")  # fmt: skip
+    choices += [("training-job", name, job.instance_count, False) for name in INSTANCES
+                if ("training-job", name, job.instance_count, True) not in choices]  # fmt: skip
+    choices += [("hyperpod", pod.instance_type, n, False) for n in sorted({*HYPERPOD_NODES, pod.nodes})
+                if ("hyperpod", pod.instance_type, n, True) not in choices]  # fmt: skip
+
+    usages = {"training-job": "spot" if job.spot else "training-job", "hyperpod": "hyperpod"}
+    rows = []
+    for target, instance_type, nodes, configured in choices:
+        spec = INSTANCES[instance_type]
+        gpus = (pod.gpus_per_node or spec.gpus) * nodes if target == "hyperpod" else spec.gpus * nodes
+        fits, fits_detail = memory_fit(cfg, instance_type, gpus)
+        if fits == "no" and not configured and not all_types:
+            if target == "training-job":
+                result.left_out.append(f"{instance_type}: {fits_detail}")
+            continue
+        rows.append((target, instance_type, nodes, configured, gpus, fits, fits_detail))
+    names = sorted({limits.quota_name(i, usages[t]) for t, i, *_ in rows})
+    quota_values = limits.quotas(cfg.aws, names) if online else {
+        name: limits.Quota(name, None, "not checked (--offline)") for name in names}  # fmt: skip
+    for target, instance_type, nodes, configured, gpus, fits, fits_detail in rows:
+        count, count_source = run_tokens(cfg, gpus, epoch_tokens)
+        rate, basis, rate_detail = throughput(cfg, instance_type, gpus) if fits != "no" else (None, "none", "")
+        hours = count / rate / 3600 if count and rate else None
+        cost = limits.price(cfg.aws, instance_type, prices, online)
+        usd = cost.usd_per_hour * nodes if cost.usd_per_hour is not None else None
+        spot = None
+        if target == "training-job" and usd is not None and hours is not None:
+            spot = (hours * usd * (1 - limits.shipped_prices()["spot"]["max_savings"]), hours * usd)
+        quota = quota_values[limits.quota_name(instance_type, usages[target])]
+        result.candidates.append(Candidate(
+            target, instance_type, nodes, gpus, configured, fits, fits_detail, count, rate, basis,
+            "; ".join(x for x in (count_source, rate_detail) if x), hours, usd, cost.source,
+            hours * usd if hours is not None and usd is not None else None, spot, quota.name, quota.value,
+            quota.detail, limits.quota_problem(quota, nodes),
+        ))  # fmt: skip
+    if any(c.hours is None for c in result.candidates) and epoch_tokens is None and not cfg.training.max_steps:
+        result.notes.append(f"tokens: {tokens_source}")
+    return result
