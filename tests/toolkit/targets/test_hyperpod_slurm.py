@@ -175,7 +175,7 @@ def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
     wait() and never turned into a FAILED job; a failed scancel is an error, not silence."""
     job = TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"))
     settings = (tmp_path / "toolkit" / "tiny-gpt-oss-local" / "input" / "config" / "hyperparameters.json").read_text()
-    with pytest.raises(TargetError, match=f"is already Slurm job {job.name} .*toolkit jobs stop {job.name}"):
+    with pytest.raises(TargetError, match=f"is already Slurm job {job.name} .*toolkit jobs stop CONFIG {job.name}"):
         TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"), fresh=True)
     run = tmp_path / "toolkit" / "tiny-gpt-oss-local"  # one writer: the refused submit touched nothing of the run
     assert (run / "input" / "config" / "hyperparameters.json").read_text() == settings
