@@ -347,6 +347,12 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
         if not chosen.startswith("s3://"):
             raise DeployInputError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
-    from toolkit.targets.base import get_target
+    from toolkit.errors import Failed
+    from toolkit.targets.base import TargetError, get_target
 
-    return get_target(config.target).servable_model(config, dry_run)
+    try:
+        return get_target(config.target).servable_model(config, dry_run)
+    except TargetError as exc:
+        if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
+            raise
+        raise DeployInputError(str(exc)) from None  # nothing to serve: deploy's own bad input (SDK callers)
