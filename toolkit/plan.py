@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from toolkit.config import Config
 from toolkit.config.instances import GPUS, INSTANCES, MICRO_BATCH_LIMITS, MODELS
+from toolkit.config.targets import run_home
 from toolkit.resources import HERE as RESOURCES
 
 THROUGHPUT_FILE = RESOURCES / "throughput.json"
@@ -77,7 +78,7 @@ def data_tokens(cfg: Config, tokens: int | None = None) -> tuple[int | None, str
     if tokens:
         return tokens, "--tokens"
     source = cfg.data.source
-    for directory in (Path(source), Path("runs") / cfg.name / "prepared"):
+    for directory in (Path(source), run_home(cfg.name) / "prepared"):
         stats = directory / STATS_FILE
         if not source.startswith(("s3://", "fsx://")) and stats.is_file():
             return int(json.loads(stats.read_text())["tokens"]), f"measured by `toolkit data prepare` ({stats})"

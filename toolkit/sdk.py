@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
+from toolkit.config.targets import run_home
 from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
 from toolkit.infra import ExportRole
 from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
@@ -78,7 +79,7 @@ def prepare_data(
     from toolkit.plan import STATS_FILE
 
     cfg = _as_config(config, overrides)
-    destination = str(output) if output else str(Path("runs") / cfg.name / "prepared")
+    destination = str(output) if output else str(run_home(cfg.name) / "prepared")
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
     dataset = prepare(load_rows(cfg.data.source, cfg.data.split), tokenizer, cfg.data, report)

@@ -8,6 +8,7 @@ tests/toolkit/test_config.py fails when a registered section has no `Config` fie
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -19,6 +20,15 @@ from toolkit.errors import brief
 
 if TYPE_CHECKING:
     from toolkit.config.models import Config
+
+# The client-side home of every run, relative to where the toolkit runs: runs/<name>/ holds a local run's job tree
+# (local.output_dir's default), prepared data, the local server's log and pid, a training job's record.
+RUNS = "runs"
+
+
+def run_home(name: str) -> Path:
+    return Path(RUNS) / name
+
 
 TARGET_SETTINGS: dict[str, type[TargetSettings]] = {}  # target name -> its section's class, in declaration order
 
@@ -69,7 +79,7 @@ class LocalSettings(TargetSettings, target="local", section="local", module="too
     """Run the entrypoint on this machine under torchrun, in an /opt/ml-style tree."""
 
     nproc_per_node: int = Field(1, ge=1, description="Processes (one per GPU; CPU: gloo).")
-    output_dir: str = Field("runs/{name}", description="Where artifacts land; {name} is the config name.")
+    output_dir: str = Field(f"{RUNS}/{{name}}", description="Where artifacts land; {name} is the config name.")
 
     @field_validator("output_dir")
     @classmethod

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from toolkit.config import Config
+from toolkit.config.targets import run_home
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
 from toolkit.deploy.client import ping
 from toolkit.resources import SERVING_CONTEXT
@@ -111,7 +112,7 @@ class LocalServer:
         self.config = config
         self.model = model
         self.port = port or config.serving.local_port
-        self.log = log or Path("runs") / config.name / "serve.log"
+        self.log = log or run_home(config.name) / "serve.log"
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
         self.notes: list[str] = []  # what start() did besides starting (a stale server ended)

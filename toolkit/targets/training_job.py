@@ -24,6 +24,7 @@ from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyper
 from toolkit import aws, digest, sagemaker_sdk
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.config.targets import run_home
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import stage_code
@@ -133,7 +134,7 @@ def _state(description: dict) -> JobState:
 
 def _record(config: Config, state: JobState) -> None:
     """Remember the latest finished job locally too (deploy also finds it through the API)."""
-    path = Path("runs") / config.name / "training-job.json"
+    path = run_home(config.name) / "training-job.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"job": state.name, "artifacts": state.artifacts}, indent=2))
 

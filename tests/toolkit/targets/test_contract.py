@@ -91,3 +91,5 @@ def test_the_same_behaviour_on_every_target(engine, monkeypatch, tmp_path):
     assert config.name in rendered
     with pytest.raises(TargetError, match="no such"):
         target.attach(config, "no-such-job-4242")
+    # the hand-over (deploy and the registry ask only this): a config that never ran has no latest run
+    assert target.latest(config) is None
