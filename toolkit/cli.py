@@ -354,10 +354,9 @@ def plan(
     """Before a run: per target and instance type, whether it fits in GPU memory, the expected tokens/s,
     wall-clock and cost (on demand, spot range), and the account's quota for it; every figure says its source."""
     from toolkit import sdk
-    from toolkit.limits import parse_price_overrides
 
     cfg = load(source, set_)
-    result = sdk.plan(cfg, target, tokens=tokens, prices=parse_price_overrides(price or []), online=not offline,
+    result = sdk.plan(cfg, target, tokens=tokens, prices=sdk.parse_price_overrides(price or []), online=not offline,
                       all_types=all_types)  # fmt: skip
     if as_json:
         emit_json(result)

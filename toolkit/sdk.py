@@ -16,11 +16,21 @@ from toolkit.config.loader import validate
 from toolkit.config.targets import run_home
 from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
 from toolkit.infra import ExportRole
+from toolkit.limits import parse_price_overrides
 from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
 
 # The chat vocabulary (a reply, the messages of a question, what is wrong with a reply, waiting for a server) and
 # the stack's export role are part of the SDK: the CLI and CI scripts use them from here, never from below.
-__all__ = ["ChatReply", "ExportRole", "JobDetached", "JobInterrupted", "messages_for", "reply_problems", "wait_for"]
+__all__ = [
+    "ChatReply",
+    "ExportRole",
+    "JobDetached",
+    "JobInterrupted",
+    "messages_for",
+    "parse_price_overrides",
+    "reply_problems",
+    "wait_for",
+]
 
 if TYPE_CHECKING:
     from toolkit.config.models import AwsSettings
