@@ -187,6 +187,11 @@ class DataSettings(StrictModel):
         None, description="Held-out rows for validation loss and `toolkit eval` (none by default)."
     )
 
+    def channels(self) -> dict[str, str]:
+        """Each data source by the channel a job reads it from: 'train', and 'eval' for data.eval.source."""
+        held_out = self.eval.source if self.eval is not None else None
+        return {"train": self.source, **({"eval": held_out} if held_out else {})}
+
     @field_validator("source")
     @classmethod
     def _names_something(cls, value: str) -> str:

@@ -273,7 +273,8 @@ def callbacks(settings: TrainSettings):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if state.is_world_process_zero and logs and "eval_loss" in logs:
-                print(f"[metrics] step={state.global_step}/{state.max_steps} eval_loss={logs['eval_loss']:.4f}", flush=True)
+                where = f"step={state.global_step}/{state.max_steps}"
+                print(f"[metrics] {where} eval_loss={logs['eval_loss']:.4f}", flush=True)
             if not state.is_world_process_zero or not logs or "loss" not in logs:
                 return
             now, tokens = time.monotonic(), state.num_input_tokens_seen

@@ -23,7 +23,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 ConfigArg = Annotated[str, typer.Argument(help="A YAML file or a preset name (see `toolkit config presets`).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
-METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) loss=([\d.eE+-]+)")
+METRICS = re.compile(r"^\[metrics\] step=(\d+)/(\d+) (loss|eval_loss)=([\d.eE+-]+)")
 
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (the SDK's result, for pipelines).")]
@@ -212,15 +212,16 @@ def follow(job):
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err,
+        TextColumn("loss {task.fields[loss]} val {task.fields[eval_loss]}"), TimeElapsedColumn(), console=err,
     )  # fmt: skip
-    task = progress.add_task(f"training {job.name}", total=None, loss="-")
+    task = progress.add_task(f"training {job.name}", total=None, loss="-", eval_loss="-")
 
     def on_line(line: str) -> None:
         match = METRICS.match(line)
         if match:
-            step, total, loss = match.groups()
-            progress.update(task, completed=int(step), total=int(total), loss=loss)
+            step, total, kind, value = match.groups()
+            progress.update(task, completed=int(step), total=int(total))
+            progress.tasks[0].fields[kind] = value  # loss or eval_loss (data.eval)
         elif line.startswith("[toolkit]") or "Error" in line:
             progress.console.print(line, highlight=False, markup=False)
 

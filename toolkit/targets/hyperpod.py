@@ -26,18 +26,20 @@ def job_dir(config: Config) -> Path:
 
 def stage(config: Config, root: Path) -> None:
     """Write what every node reads: settings, code, and local data copied in as the 'train' channel."""
-    source = config.data.source
-    if source.startswith("s3://"):
-        raise TargetError(
-            f"data.source {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
-            f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point data.source there"
-        )
+    for name, source in config.data.channels().items():
+        field = "data.source" if name == "train" else "data.eval.source"
+        if source.startswith("s3://"):
+            raise TargetError(
+                f"{field} {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
+                f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point {field} there"
+            )
     write_settings(config, root)
     code = root / "code" / "entrypoints"
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(ENTRYPOINTS, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (root / "code" / "requirements.txt").write_text(job_requirements(config))
-    place_train_channel(source, root, copy=True)
+    for name, source in config.data.channels().items():
+        place_train_channel(source, root, copy=True, name=name)
 
 
 class HyperPodTarget(Target):

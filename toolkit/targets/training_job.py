@@ -35,6 +35,7 @@ METRIC_DEFINITIONS = {
     "train:learning_rate": r"\[metrics\] .*learning_rate=([0-9.eE+-]+)",
     "train:tokens_per_second": r"\[metrics\] .*tokens_per_second=([0-9.eE+-]+)",
     "train:gpu_memory_gib": r"\[metrics\] .*gpu_memory_gib=([0-9.eE+-]+)",
+    "validation:loss": r"\[metrics\] step=\S+ eval_loss=([0-9.eE+-]+)",  # data.eval
 }
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 STATUS = {
@@ -371,27 +372,33 @@ class TrainingJobTarget(Target):
 
     @staticmethod
     def _channels(config: Config, boto_session, dry_run: bool) -> dict[str, Any]:
-        source = config.data.source
+        channels = {}  # 'train', and 'eval' for data.eval.source
+        for name, source in config.data.channels().items():
+            channel = TrainingJobTarget._channel(config, source, boto_session, dry_run)
+            if channel is not None:
+                channels[name] = channel
+        return channels
+
+    @staticmethod
+    def _channel(config: Config, source: str, boto_session, dry_run: bool) -> Any:
         if source.startswith("s3://"):
-            return {"train": source}
+            return source
         if source.startswith("fsx://"):  # fsx://<file system id>/<mount name>/<path>: mounted, not copied
             from sagemaker.core.shapes import FileSystemDataSource
 
             system, _, directory = source[len("fsx://") :].partition("/")
-            return {
-                "train": FileSystemDataSource(
-                    file_system_id=system,
-                    file_system_type="FSxLustre",
-                    file_system_access_mode="ro",
-                    directory_path=f"/{directory}",
-                )
-            }
+            return FileSystemDataSource(
+                file_system_id=system,
+                file_system_type="FSxLustre",
+                file_system_access_mode="ro",
+                directory_path=f"/{directory}",
+            )
         path = Path(source)
         if source.startswith("builtin:") or not path.exists():
-            return {}  # builtin sample or hub dataset: the entrypoint loads it by name
+            return None  # builtin sample or hub dataset: the entrypoint loads it by name
         if dry_run:
-            return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{content_hash(path)}/"}
-        return {"train": upload_once(aws.client(config.aws, "s3", boto_session), config, path)}
+            return f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{content_hash(path)}/"
+        return upload_once(aws.client(config.aws, "s3", boto_session), config, path)
 
 
 @contextlib.contextmanager
