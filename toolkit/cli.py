@@ -633,6 +633,46 @@ def invoke(
         fail("the reply " + "; ".join(problems), code=1)
 
 
+@app.command("eval")
+def eval_(
+    source: ConfigArg,
+    target: Annotated[str, typer.Option(help="local: serve base and fine-tuned with vLLM here.")] = "local",
+    model_dir: Annotated[str | None, typer.Option(help="The trained model (default: training output).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Score only the first N held-out rows.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 256,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight per model.")] = 4,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score the fine-tuned model against the base on the held-out rows (data.eval); writes runs/<name>/eval/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from toolkit import sdk
+
+    cfg = load(source, set_)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
+    tasks: dict = {}
+
+    def on_row(label: str, generated) -> None:
+        if label not in tasks:
+            tasks[label] = progress.add_task(f"generating ({label})", total=None)
+        progress.advance(tasks[label])
+
+    try:
+        with progress:
+            report = sdk.evaluate(cfg, target, model_dir, limit, max_tokens, concurrency, on_row,
+                                  lambda line: progress.console.print(line, highlight=False, markup=False))  # fmt: skip
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if as_json:
+        emit_json(report)
+        return
+    from toolkit.evaluate.report import markdown
+
+    out.print(markdown(report, report.get("validation")), highlight=False, markup=False)
+    out.print(f"report: {report['written']['markdown']}", highlight=False)
+
+
 image_app = typer.Typer(help="The toolkit's container images (built with docker, pushed to ECR).", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 
