@@ -271,10 +271,11 @@ def evaluate(
     import json
 
     from toolkit.deploy.local import model_dir as trained_dir
-    from toolkit.evaluate import EvalInputError, evaluate_local
+    from toolkit.evaluate import EvalInputError, evaluate_local, require_held_out
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
+    require_held_out(cfg)
     if target != "local":
         raise EvalInputError(f"--target {target}: toolkit eval serves the models itself on this machine (local)")
     directory = trained_dir(cfg, model_dir)
@@ -282,4 +283,5 @@ def evaluate(
     report = build(results)
     run_file = directory / "run.json"
     run = json.loads(run_file.read_text()) if run_file.is_file() else None
-    return {**report, "written": write(report, Path("runs") / cfg.name / "eval", run)}
+    written = write(report, Path("runs") / cfg.name / "eval", run)  # adds the run's validation loss to the report
+    return {**report, "written": written}

@@ -59,15 +59,19 @@ class ModelResult:
     seconds: float = 0.0
 
 
-def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
-    """The rows data.eval holds out, as prompts with their reference answers."""
-    from toolkit.entrypoints.data import load_rows, split_rows, to_messages
-
+def require_held_out(config: Config) -> None:
     if config.data.eval is None:
         raise EvalInputError(
             "data.eval is not set: hold rows out for evaluation (data.eval.fraction: 0.2, or data.eval.source), "
             "train with it, then run toolkit eval"
         )
+
+
+def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
+    """The rows data.eval holds out, as prompts with their reference answers."""
+    from toolkit.entrypoints.data import load_rows, split_rows, to_messages
+
+    require_held_out(config)
     _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
     places = getattr(held, "places", None)
     rows = []
