@@ -60,7 +60,7 @@ def test_format_checks_and_the_interval():
     looping = Generated(row, "the answer is " * 20, "x", "length")
     assert format_problems(looping) == ["stopped by length (no end of message)", "runaway repetition"]
     assert format_problems(Generated(row, "<|channel|>final", "", "stop")) == [
-        "no analysis channel", "special tokens leaked",
+        "has no reasoning (analysis channel)", "shows special tokens: <|channel|>",
     ]  # fmt: skip
     assert not runaway("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen 16")
     low, high = bootstrap_interval([0.1, 0.2, 0.3, 0.4])

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from toolkit.deploy.client import SPECIAL_TOKEN
+from toolkit.deploy.client import reply_problems
 
 REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
 RUNAWAY_SHARE = 0.3
@@ -65,14 +65,9 @@ def runaway(text: str) -> bool:
 
 
 def format_problems(generated: Any) -> list[str]:
-    """Why a reply is not a well-formed gpt-oss answer (empty: it is one)."""
-    problems = []
-    if not generated.reasoning.strip():
-        problems.append("no analysis channel")
-    if not generated.content.strip():
-        problems.append("no final channel")
-    if SPECIAL_TOKEN.search(generated.reasoning + generated.content):
-        problems.append("special tokens leaked")
+    """Why a reply is not a well-formed gpt-oss answer (empty: it is one): `toolkit invoke --check`'s problems,
+    plus no end of message and runaway repetition."""
+    problems = reply_problems(generated)  # both channels present, no special tokens
     if generated.finish_reason != "stop":
         problems.append(f"stopped by {generated.finish_reason or 'nothing'} (no end of message)")
     if runaway(generated.reasoning) or runaway(generated.content):
