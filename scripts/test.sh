@@ -13,7 +13,7 @@ if [ -n "$need" ]; then
     || { apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null; }
 fi
 # .venv: the toolkit with training, AWS and test tooling; .venv-serve: vLLM (CPU build here) for serving tests
-EXTRAS=train,aws,dev WITH_SERVE=1 source scripts/env.sh
+EXTRAS=train,aws,dev,eval WITH_SERVE=1 source scripts/env.sh
 # .venv-hyperpod: the HyperPod SDK's job models, to validate rendered manifests (its pins clash with .venv's).
 # Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
 if [ ! -f .venv-hyperpod/.installed ]; then

@@ -32,6 +32,7 @@ ConfigAlias = Annotated[
 TrainTarget = Literal["local", "training-job", "hyperpod"]
 ServeTarget = Literal["endpoint", "local"]
 ImageKind = Literal["serving", "training"]
+EvalTarget = Literal["local"]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
 
@@ -304,14 +305,15 @@ def follow(job):
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err,
+        TextColumn("loss {task.fields[loss]} val {task.fields[eval_loss]}"), TimeElapsedColumn(), console=err,
     )  # fmt: skip
-    task = progress.add_task(f"training {job.name}", total=None, loss="-")
+    task = progress.add_task(f"training {job.name}", total=None, loss="-", eval_loss="-")
 
-    def on_progress(metrics) -> None:
-        loss = metrics.values.get("loss")
-        shown = f"{loss:.4f}" if loss is not None else "-"
-        progress.update(task, completed=metrics.step, total=metrics.total_steps, loss=shown)
+    def on_progress(metrics) -> None:  # a training line (loss) or a validation line (eval_loss, data.eval)
+        progress.update(task, completed=metrics.step, total=metrics.total_steps)
+        for name in ("loss", "eval_loss"):
+            if name in metrics.values:
+                progress.tasks[0].fields[name] = f"{metrics.values[name]:.4f}"
 
     def on_line(line: str) -> None:
         if line.startswith("[toolkit] interrupted"):
@@ -811,6 +813,46 @@ def invoke(
     problems = reply_problems(reply) if check else []
     if problems:
         fail("the reply " + "; ".join(problems), code=1)
+
+
+@app.command("eval")
+def eval_(
+    source: ConfigArg,
+    target: Annotated[
+        EvalTarget, typer.Option(help="local: serve base and fine-tuned with vLLM here (the only one built yet).")
+    ] = "local",
+    model_dir: Annotated[str | None, typer.Option(help="The trained model (default: training output).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Score only the first N held-out rows.")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="New tokens per generated reply.")] = 256,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight per model.")] = 4,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Score the fine-tuned model against the base on the held-out rows (data.eval); writes runs/<name>/eval/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from toolkit import sdk
+
+    cfg = load(source, set_)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
+    tasks: dict = {}
+
+    def on_row(label: str, generated) -> None:
+        if label not in tasks:
+            tasks[label] = progress.add_task(f"generating ({label})", total=None)
+        progress.advance(tasks[label])
+
+    try:
+        with progress:
+            report = sdk.evaluate(cfg, target, model_dir, limit, max_tokens, concurrency, on_row,
+                                  lambda line: progress.console.print(line, highlight=False, markup=False))  # fmt: skip
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if as_json:
+        emit_json(report)
+        return
+    out.print(sdk.evaluation_table(report), highlight=False, markup=False)
+    out.print(f"report: {report['written']['markdown']}", highlight=False)
 
 
 image_app = group("The toolkit's container images (built with docker, pushed to ECR).")

@@ -354,3 +354,45 @@ def register(
 
     cfg = _as_config(config, overrides)
     return register_model(cfg, _image(cfg, image_uri), job_name, approve)
+
+
+def evaluate(
+    config: Config | str | Path,
+    target: str = "local",
+    model_dir: str | Path | None = None,
+    limit: int | None = None,
+    max_tokens: int = 256,
+    concurrency: int = 4,
+    on_row: Callable[[str, Any], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Generate on the held-out rows (data.eval) with the base and the fine-tuned model and score both.
+
+    `target="local"`: vLLM on this machine serves each in turn (toolkit/evaluate). Writes runs/<name>/eval/
+    (report.json, report.md, metrics.png, loss.png) and returns the report with `written` (those paths).
+    """
+    import json
+
+    from toolkit.deploy.local import model_dir as trained_dir
+    from toolkit.evaluate import EvalInputError, evaluate_local, require_held_out
+    from toolkit.evaluate.report import build, write
+
+    cfg = _as_config(config, overrides)
+    require_held_out(cfg)
+    if target != "local":
+        raise EvalInputError(f"--target {target}: toolkit eval serves the models itself on this machine (local)")
+    directory = trained_dir(cfg, model_dir)
+    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status)
+    report = build(results)
+    run_file = directory / "run.json"
+    run = json.loads(run_file.read_text()) if run_file.is_file() else None
+    written = write(report, Path("runs") / cfg.name / "eval", run)  # adds the run's validation loss to the report
+    return {**report, "written": written}
+
+
+def evaluation_table(report: dict[str, Any]) -> str:
+    """An evaluation report (`evaluate`'s result) as the Markdown table report.md holds."""
+    from toolkit.evaluate.report import markdown
+
+    return markdown(report, report.get("validation"))

@@ -310,3 +310,35 @@ def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):
             f"{report.dropped_untrained} with no trained token left after truncation)"
         )
     return dataset
+
+
+def held_out_indices(count: int, fraction: float, seed: int) -> list[int]:
+    """Which of `count` rows `data.eval.fraction` holds out: at least one, never all, the same for a seed."""
+    import random
+
+    if count < 2:
+        raise DataError(f"data.eval.fraction needs at least 2 rows to hold some out; the source has {count}")
+    size = min(count - 1, max(1, round(count * fraction)))
+    return sorted(random.Random(seed).sample(range(count), size))
+
+
+def take(rows, indices: list[int]):
+    """The rows at `indices`, of the kind that came in (Rows keep where each row came from)."""
+    if isinstance(rows, Rows):
+        taken = Rows(rows[i] for i in indices)
+        taken.places = [rows.places[i] for i in indices]
+        return taken
+    return rows.select(indices)
+
+
+def split_rows(rows, settings: DataSettings, eval_source: str | None = None):
+    """(training rows, held-out rows or None) as data.eval asks: a fraction of these rows, or rows of their own
+    (`eval_source` overrides data.eval.source with where the job reads them)."""
+    split = settings.eval
+    if split is None:
+        return rows, None
+    if split.fraction is None:
+        return rows, load_rows(eval_source or str(split.source), split.split or settings.split)
+    held = held_out_indices(len(rows), split.fraction, split.seed)
+    kept = sorted(set(range(len(rows))) - set(held))
+    return take(rows, kept), take(rows, held)

@@ -18,7 +18,9 @@ FIELDS = {
     "grad_norm": ".4f",
     "tokens_per_second": ".1f",
     "gpu_memory_gib": ".2f",
+    "eval_loss": ".4f",  # on its own line, at data.eval.steps and at the end
 }
+SAGEMAKER_METRIC = {"eval_loss": "validation:loss"}  # SageMaker's names where not train:<name>
 _LINE = re.compile(r"(?:^|\] )\[metrics\] step=(\d+)/(\d+)((?: \w+=\S+)*)\s*$")
 _NUMBER = r"[0-9.eE+-]+"
 

@@ -8,7 +8,7 @@
 - The loss runs the 201k-vocabulary head only on positions whose next token is trained (the assistant's
   answer), in chunks that are recomputed in the backward pass: full fp32 logits never exist.
 The objective is the recipe's: token-mean cross-entropy over assistant tokens (+ the router's
-load-balancing loss with the model's own coefficient, as TRL adds it).
+load-balancing loss with the model's own coefficient, as TRL adds it; the validation loss is the cross-entropy alone).
 """
 
 from __future__ import annotations
@@ -214,7 +214,9 @@ def packed_trainer_class():
             loss = total / (num_items_in_batch if num_items_in_batch is not None else max(count, 1))
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes  # DDP averages gradients; the token count is global
-            if self._routers is not None:
+            if self._routers is not None and not model.training:
+                self._routers.pop()  # validation loss is the language-modelling loss alone
+            elif self._routers is not None:
                 from transformers.models.gpt_oss.modeling_gpt_oss import load_balancing_loss_func
 
                 logits = tuple(self._routers.pop())

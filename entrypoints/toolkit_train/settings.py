@@ -134,6 +134,35 @@ class ModelSettings(StrictModel):
         return self
 
 
+class EvalSplit(StrictModel):
+    """Held-out rows: validation loss during training, and what `toolkit eval` generates on."""
+
+    fraction: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Hold out this fraction of data.source's rows (at least one), chosen with data.eval.seed; they "
+        "never reach training.",
+    )
+    source: str | None = Field(
+        None, description="Or held-out rows of their own: a source of the same kinds and data.format as data.source."
+    )
+    split: str | None = Field(None, description="Split of data.eval.source (default: data.split), e.g. test.")
+    seed: int = Field(1234, description="Which rows data.eval.fraction holds out (the same rows on every run).")
+    steps: int = Field(0, ge=0, description="Validation loss every N optimizer steps (0: at the end only).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalSplit:
+        if (self.fraction is None) == (self.source is None):
+            raise ValueError(
+                "data.eval: set either data.eval.fraction (hold out part of data.source) or data.eval.source "
+                "(rows of their own), not both and not neither"
+            )
+        if self.source is not None and not self.source.strip():
+            raise ValueError("data.eval.source is empty: name a file, directory or hub dataset of held-out rows")
+        return self
+
+
 class DataSettings(StrictModel):
     """Where the training rows come from and how they become tokens."""
 
@@ -154,6 +183,14 @@ class DataSettings(StrictModel):
         description="Tokens the loss trains: the assistant's analysis + final (default), or every token, as the "
         "Databricks recipe does (TRL's default on a messages column).",
     )
+    eval: EvalSplit | None = Field(
+        None, description="Held-out rows for validation loss and `toolkit eval` (none by default)."
+    )
+
+    def channels(self) -> dict[str, str]:
+        """Each data source by the channel a job reads it from: 'train', and 'eval' for data.eval.source."""
+        held_out = self.eval.source if self.eval is not None else None
+        return {"train": self.source, **({"eval": held_out} if held_out else {})}
 
     @field_validator("source")
     @classmethod

@@ -51,6 +51,9 @@ EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 # moment, to prove that what a kill leaves behind is complete or ignored. Unset in every job.
 FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
 SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # tests only: a checkpoint save that takes this much longer
+# Tests only (tests/entrypoints/test_eval_split.py): append every training micro-batch's input_ids to this JSON
+# Lines file, to prove that held-out rows never reach training. Unset in every job.
+BATCH_LOG_ENV = "TOOLKIT_TEST_BATCH_LOG"
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,17 @@ def with_fault_points(trainer_class: Any) -> Any:
     return FaultInjected
 
 
+def with_batch_log(trainer_class: Any, log_file: Path) -> Any:
+    class BatchLogged(trainer_class):
+        def training_step(self, model, inputs, *args, **kwargs):  # training batches only, never evaluation ones
+            with log_file.open("a") as out:
+                for row in inputs["input_ids"].tolist():
+                    out.write(json.dumps(row) + "\n")
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    return BatchLogged
+
+
 def log(message: str) -> None:
     if rank() == 0:
         print(f"[toolkit] {message}", flush=True)
@@ -130,19 +144,36 @@ def data_source(settings: TrainSettings, paths: Paths) -> str:
     )
 
 
+def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
+    """Where the job reads data.eval.source: its 'eval' channel when it has one, else the source itself."""
+    split = settings.data.eval
+    if split is None or split.source is None:
+        return None
+    channel = Path(os.environ.get("SM_CHANNEL_EVAL", paths.root / "input" / "data" / "eval"))
+    return str(channel) if channel.exists() else split.source
+
+
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
-    from .data import PrepareReport, load_rows, prepare
+    """(training rows, their stats, held-out rows or None, their stats): tokenized, held-out rows set apart first."""
+    from .data import PrepareReport, load_rows, prepare, split_rows
 
     source = data_source(settings, paths)
+    rows, held_out = split_rows(load_rows(source, settings.data.split), settings.data, eval_source(settings, paths))
     report = PrepareReport()
-    dataset = prepare(load_rows(source, settings.data.split), tokenizer, settings.data, report)
+    dataset = prepare(rows, tokenizer, settings.data, report)
     stats = report.summary()
     log(
         f"data {source}: {stats['rows_out']} rows, {stats['tokens']} tokens "
         f"(median {stats['tokens_median']}, max {stats['tokens_max']}); skipped {stats['bad_rows_skipped']} bad, "
         f"dropped {stats['overlong_dropped']} / truncated {stats['overlong_truncated']} over {settings.data.max_length}"
     )
-    return dataset, stats
+    if held_out is None:
+        return dataset, stats, None, None
+    eval_report = PrepareReport()
+    eval_dataset = prepare(held_out, tokenizer, settings.data, eval_report)
+    eval_stats = eval_report.summary()
+    log(f"held out for validation: {eval_stats['rows_out']} rows, {eval_stats['tokens']} tokens (never trained on)")
+    return dataset, stats, eval_dataset, eval_stats
 
 
 def use_checkpointing(settings: TrainSettings) -> bool:
@@ -195,9 +226,14 @@ def sft_config(settings: TrainSettings, paths: Paths):
         }
     if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
         extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
+    split = settings.data.eval
+    if split is not None and split.steps:  # and always once at the end (train())
+        extra.update(eval_strategy="steps", eval_steps=split.steps)
     return SFTConfig(
         output_dir=str(paths.checkpoints),
         per_device_train_batch_size=1 if t.packing else t.per_device_batch_size,
+        per_device_eval_batch_size=1 if t.packing else t.per_device_batch_size,
+        prediction_loss_only=True,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
         num_train_epochs=t.num_epochs,
@@ -238,6 +274,8 @@ def callbacks(settings: TrainSettings):
             self.last = (time.monotonic(), 0)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs and "eval_loss" in logs:
+                print(format_metrics(state.global_step, state.max_steps, {"eval_loss": logs["eval_loss"]}), flush=True)
             if not state.is_world_process_zero or not logs or "loss" not in logs:
                 return
             now, tokens = time.monotonic(), state.num_input_tokens_seen
@@ -489,7 +527,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         log(f"this run is already complete ({paths.model_dir / 'run.json'}): nothing to train; --fresh starts over")
         return 0
     tokenizer = load_tokenizer(settings.model)
-    dataset, data_stats = load_dataset(settings, paths, tokenizer)
+    dataset, data_stats, eval_dataset, eval_stats = load_dataset(settings, paths, tokenizer)
+    if eval_stats is not None:
+        data_stats = {**data_stats, "eval": eval_stats}
     resume = resume_point(paths)
     if finished_training(settings, resume):
         assert resume is not None
@@ -509,16 +549,21 @@ def train(settings: TrainSettings, paths: Paths) -> int:
 
         budget = settings.micro_batch_tokens()
         dataset = packed_dataset(dataset, budget, settings.training.seed)
+        if eval_dataset is not None:
+            eval_dataset = packed_dataset(eval_dataset, budget, settings.training.seed)
         log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
         log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))
         fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
         trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
     if os.environ.get(FAULT_POINT_ENV):
         trainer_class = with_fault_points(trainer_class)
+    if os.environ.get(BATCH_LOG_ENV):
+        trainer_class = with_batch_log(trainer_class, Path(os.environ[BATCH_LOG_ENV]))
     trainer = trainer_class(
         model=model,
         args=sft_config(settings, paths),
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=tokenizer,
         callbacks=hooks,
         **extra,
@@ -540,6 +585,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         return EXIT_INTERRUPTED
     if settings.training.distributed == "ddp":
         check_ranks_agree(model)
+    final_eval = trainer.evaluate() if eval_dataset is not None else {}  # every rank takes part
     adapter_dir = paths.model_dir / "adapter"
     if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
@@ -555,6 +601,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         "data": data_stats,
         "global_step": trainer.state.global_step,
         "train_loss": result.training_loss,
+        "eval_loss": final_eval.get("eval_loss"),
         "log_history": trainer.state.log_history,
         "seconds": round(time.monotonic() - started, 1),
         "peak_gpu_memory_gb": peak_gb,

@@ -25,15 +25,17 @@ def job_dir(config: Config) -> Path:
 def stage(config: Config, root: Path, fresh: bool) -> None:
     """Write what every node reads: settings, code, and local data copied in as the 'train' channel (after the
     run directory's --fresh / foreign-checkpoint rules, the same as a local run's)."""
-    source = config.data.source
-    if source.startswith("s3://"):
-        raise TargetError(
-            f"data.source {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
-            f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point data.source there"
-        )
+    for name, source in config.data.channels().items():
+        field = "data.source" if name == "train" else "data.eval.source"
+        if source.startswith("s3://"):
+            raise TargetError(
+                f"{field} {source} is on S3: HyperPod jobs read the shared filesystem. Copy it under "
+                f"{config.hyperpod.fsx.mount_path} (or import it into FSx for Lustre) and point {field} there"
+            )
     prepare_run_dir(config, root, fresh)
     stage_code(root / "code", config)
-    place_train_channel(source, root, copy=True)
+    for name, source in config.data.channels().items():
+        place_train_channel(source, root, copy=True, name=name)
 
 
 class HyperPodTarget(Target):

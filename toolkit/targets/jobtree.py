@@ -153,10 +153,11 @@ def write_settings(config: Config, root: Path) -> None:
     (root / "output" / "failure").unlink(missing_ok=True)
 
 
-def place_train_channel(source: str, root: Path, copy: bool) -> None:
-    """Local data becomes the 'train' channel, a directory as in SageMaker (linked, or copied where every node
-    must see it); builtin and hub data are loaded by name, so they get none. Callers refuse remote sources."""
-    channel = root / "input" / "data" / "train"
+def place_train_channel(source: str, root: Path, copy: bool, name: str = "train") -> None:
+    """Local data becomes the 'train' channel (data.eval.source: 'eval'), a directory as in SageMaker (linked, or
+    copied where every node must see it); builtin and hub data are loaded by name, so they get none. Callers refuse
+    remote sources."""
+    channel = root / "input" / "data" / name
     if channel.is_symlink() or channel.is_file():
         channel.unlink()
     elif channel.exists():

@@ -251,14 +251,17 @@ class LocalTarget(Target):
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:
-        if config.data.source.startswith("s3://"):
-            raise TargetError(
-                f"data.source {config.data.source} is on S3: the local target reads local data; "
-                "download it, or train with --target training-job"
-            )
+        for name, source in config.data.channels().items():
+            if source.startswith("s3://"):
+                field = "data.source" if name == "train" else "data.eval.source"
+                raise TargetError(
+                    f"{field} {source} is on S3: the local target reads local data; "
+                    "download it, or train with --target training-job"
+                )
         prepare_run_dir(config, root, fresh)
         stage_code(root / "code", config)
-        place_train_channel(config.data.source, root, copy=False)
+        for name, source in config.data.channels().items():
+            place_train_channel(source, root, copy=False, name=name)
 
 
 def _busy(config: Config, root: Path, owner: dict) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit_train.metrics import FIELDS as METRIC_FIELDS
-from toolkit_train.metrics import metric_regex
+from toolkit_train.metrics import SAGEMAKER_METRIC, metric_regex
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 
 from toolkit import aws, digest, sagemaker_sdk
@@ -30,7 +30,7 @@ from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tai
 from toolkit.targets.jobtree import stage_code
 
 # SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/metrics.py: the one format)
-METRIC_DEFINITIONS = {f"train:{name}": metric_regex(name) for name in METRIC_FIELDS}
+METRIC_DEFINITIONS = {SAGEMAKER_METRIC.get(name, f"train:{name}"): metric_regex(name) for name in METRIC_FIELDS}
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 STATUS = {
     "InProgress": Status.RUNNING,
@@ -318,27 +318,33 @@ class TrainingJobTarget(Target):
 
     @staticmethod
     def _channels(config: Config, boto_session, dry_run: bool) -> dict[str, Any]:
-        source = config.data.source
+        channels = {}  # 'train', and 'eval' for data.eval.source
+        for name, source in config.data.channels().items():
+            channel = TrainingJobTarget._channel(config, source, boto_session, dry_run)
+            if channel is not None:
+                channels[name] = channel
+        return channels
+
+    @staticmethod
+    def _channel(config: Config, source: str, boto_session, dry_run: bool) -> Any:
         if source.startswith("s3://"):
-            return {"train": source}
+            return source
         if source.startswith("fsx://"):  # fsx://<file system id>/<mount name>/<path>: mounted, not copied
             from sagemaker.core.shapes import FileSystemDataSource
 
             system, _, directory = source[len("fsx://") :].partition("/")
-            return {
-                "train": FileSystemDataSource(
-                    file_system_id=system,
-                    file_system_type="FSxLustre",
-                    file_system_access_mode="ro",
-                    directory_path=f"/{directory}",
-                )
-            }
+            return FileSystemDataSource(
+                file_system_id=system,
+                file_system_type="FSxLustre",
+                file_system_access_mode="ro",
+                directory_path=f"/{directory}",
+            )
         path = Path(source)
         if source.startswith("builtin:") or not path.exists():
-            return {}  # builtin sample or hub dataset: the entrypoint loads it by name
+            return None  # builtin sample or hub dataset: the entrypoint loads it by name
         if dry_run:
-            return {"train": f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{digest.of_files(path)}/"}
-        return {"train": aws.upload_once(aws.client(config.aws, "s3", boto_session), config.aws, path)}
+            return f"s3://{config.aws.bucket}/{config.aws.prefix}/data/{digest.of_files(path)}/"
+        return aws.upload_once(aws.client(config.aws, "s3", boto_session), config.aws, path)
 
 
 TARGET = TrainingJobTarget()

@@ -172,8 +172,11 @@ def test_metric_regexes_read_the_entrypoint_lines():
     line = format_metrics(3, 30, values)
     assert line == ("[metrics] step=3/30 loss=6.9348 learning_rate=3.333e-03 grad_norm=0.2373 "
                     "tokens_per_second=182.5 gpu_memory_gib=41.20")  # fmt: skip
-    found = {name: float(re.search(regex, line).group(1)) for name, regex in METRIC_DEFINITIONS.items()}
+    found = {name: float(m.group(1)) for name, regex in METRIC_DEFINITIONS.items() if (m := re.search(regex, line))}
     assert found == {f"train:{name}": value for name, value in values.items()}
+    validation = format_metrics(4, 30, {"eval_loss": 1.25})  # data.eval's own line
+    assert float(re.search(METRIC_DEFINITIONS["validation:loss"], validation).group(1)) == 1.25
+    assert re.search(METRIC_DEFINITIONS["train:loss"], validation) is None
     for shown in (line, f"[worker-0] {line}"):
         parsed = parse_metrics(shown)
         assert parsed is not None and (parsed.step, parsed.total_steps) == (3, 30) and parsed.values == values

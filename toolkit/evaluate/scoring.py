@@ -1,0 +1,102 @@
+"""Per-row scores of a generated reply (0..1, higher is better; None where a metric does not apply to the row).
+
+One table, METRICS: the report, the gate and the tests read it (a new metric is one row here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from toolkit.deploy.client import reply_problems
+
+REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
+RUNAWAY_SHARE = 0.3
+
+
+@cache
+def _rouge():
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+@cache
+def _detector():
+    from lingua import LanguageDetectorBuilder
+
+    return LanguageDetectorBuilder.from_all_languages().build()  # models load lazily, per language met
+
+
+def rouge_l(generated: Any) -> float | None:
+    return _rouge().score(generated.row.reference, generated.content)["rougeL"].fmeasure
+
+
+def chrf(generated: Any) -> float | None:
+    from sacrebleu.metrics import CHRF
+
+    return CHRF().sentence_score(generated.content, [generated.row.reference]).score / 100
+
+
+def reasoning_language(generated: Any) -> float | None:
+    """1 when the analysis channel is in the language the row asks for; None for rows that ask for none."""
+    from lingua import Language
+
+    wanted = generated.row.reasoning_language
+    if not wanted:
+        return None
+    try:
+        language = Language.from_str(wanted)
+    except ValueError:
+        return None  # a language the identifier does not know: not scored
+    found = _detector().detect_language_of(generated.reasoning) if generated.reasoning.strip() else None
+    return float(found == language)
+
+
+def runaway(text: str) -> bool:
+    words = text.split()
+    if len(words) < 4 * REPEATED_NGRAM:
+        return False
+    grams = [tuple(words[i : i + REPEATED_NGRAM]) for i in range(len(words) - REPEATED_NGRAM + 1)]
+    most = max(grams.count(g) for g in set(grams))
+    return most * REPEATED_NGRAM / len(words) >= RUNAWAY_SHARE
+
+
+def format_problems(generated: Any) -> list[str]:
+    """Why a reply is not a well-formed gpt-oss answer (empty: it is one): `toolkit invoke --check`'s problems,
+    plus no end of message and runaway repetition."""
+    problems = reply_problems(generated)  # both channels present, no special tokens
+    if generated.finish_reason != "stop":
+        problems.append(f"stopped by {generated.finish_reason or 'nothing'} (no end of message)")
+    if runaway(generated.reasoning) or runaway(generated.content):
+        problems.append("runaway repetition")
+    return problems
+
+
+def format_valid(generated: Any) -> float | None:
+    return float(not format_problems(generated))
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    score: Callable[[Any], float | None]
+    describes: str
+
+
+METRICS = (
+    Metric("rougeL", rouge_l, "ROUGE-L F1 of the final channel against the reference answer"),
+    Metric("chrF", chrf, "chrF of the final channel against the reference answer (0..1)"),
+    Metric("reasoning_language", reasoning_language, "analysis channel in the requested reasoning language"),
+    Metric("format_valid", format_valid, "both channels, no special tokens, stop reached, no runaway repetition"),
+)
+METRIC_NAMES = tuple(m.name for m in METRICS)
+
+
+def score(generated: Any) -> dict[str, float | None]:
+    """Every metric of one generated row; a row that failed to generate scores None everywhere (counted apart)."""
+    if generated.error is not None:
+        return dict.fromkeys(METRIC_NAMES)
+    return {m.name: m.score(generated) for m in METRICS}
