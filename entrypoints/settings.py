@@ -144,11 +144,17 @@ class DataSettings(StrictModel):
     split: str = Field("train", description="Split to train on.")
     format: Literal["multilingual-thinking", "messages"] = Field(
         "multilingual-thinking",
-        description="Row schema: HuggingFaceH4/Multilingual-Thinking, or plain chat `messages`.",
+        description="Row schema: HuggingFaceH4/Multilingual-Thinking, or OpenAI chat `messages` (with `tools`, "
+        "assistant `tool_calls` and `reasoning`, `tool` messages, `reasoning_effort` per row).",
     )
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
     skip_bad_rows: bool = Field(False, description="Skip rows that do not match the schema instead of failing.")
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "medium",
+        description="The system message's `Reasoning:` level for rows without their own `reasoning_effort` "
+        "(harmony's default is medium; a request's reasoning_effort sets it at serving).",
+    )
     loss_on: Literal["assistant", "all"] = Field(
         "assistant",
         description="Tokens the loss trains: the assistant's analysis + final (default), or every token, as the "
