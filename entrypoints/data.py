@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import harmony
-from .settings import SAMPLE_DATASET, DataSettings
+from .settings import SAMPLE_DATASET, SAMPLES, DataSettings
 
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100
@@ -70,8 +70,10 @@ def load_rows(source: str | Path, split: str = "train"):
     """A `datasets.Dataset` from the builtin sample, a local file/dir, or a hub id."""
     import datasets
 
-    if str(source) == SAMPLE_DATASET:
+    if str(source) == SAMPLE_DATASET:  # flat columns: a datasets.Dataset, as the hub's Multilingual-Thinking
         return datasets.load_dataset("json", data_files=str(SAMPLE_PATH), split="train")
+    if str(source) in SAMPLES:  # nested tool schemas: read row by row (Arrow would merge them into one struct)
+        return read_json_rows(source, [SAMPLE_PATH.parent / SAMPLES[str(source)]])
     path = Path(source)
     if path.is_dir() and any((path / marker).exists() for marker in ("state.json", "dataset_dict.json")):
         loaded = datasets.load_from_disk(str(path))

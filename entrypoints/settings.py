@@ -18,6 +18,8 @@ TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
+TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
+SAMPLES = {SAMPLE_DATASET: "multilingual-thinking.jsonl", TOOL_SAMPLE_DATASET: "tool-calling.jsonl"}  # samples/
 # What LoRA can adapt in gpt-oss (transformers' GptOssForCausalLM): the attention projections (and the embeddings
 # and LM head, rarely wanted), and the MoE experts as 3-D parameters; the router is not an nn.Linear.
 GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head")
@@ -139,7 +141,8 @@ class DataSettings(StrictModel):
 
     source: str = Field(
         description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), s3:// URI, "
-        f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or `{SAMPLE_DATASET}` (ships with the toolkit)."
+        f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or a sample that ships with the toolkit: "
+        f"`{SAMPLE_DATASET}`, `{TOOL_SAMPLE_DATASET}`."
     )
     split: str = Field("train", description="Split to train on.")
     format: Literal["multilingual-thinking", "messages"] = Field(

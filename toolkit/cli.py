@@ -11,7 +11,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import click
 import typer
@@ -579,6 +579,8 @@ def invoke(
         str | None, typer.Option(help="System prompt 'reasoning language: X' (the model reasons in X).")
     ] = None,
     system: Annotated[str | None, typer.Option(help="More system instructions.")] = None,
+    tools: Annotated[str | None, typer.Option(help="A JSON file: a list of OpenAI function tools.")] = None,
+    reasoning_effort: Annotated[str | None, typer.Option(help="low | medium | high (the system message's).")] = None,
     max_tokens: Annotated[int, typer.Option(min=1)] = 512,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.7,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they arrive.")] = True,
@@ -596,35 +598,50 @@ def invoke(
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
+    from toolkit.deploy.client import ChatReply, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
+    from toolkit.entrypoints.harmony import EFFORTS
 
     cfg = load(source, set_)
+    if reasoning_effort not in (None, *EFFORTS):
+        fail(f"--reasoning-effort {reasoning_effort!r}: use one of {', '.join(EFFORTS)}")
     messages = messages_for(question, reasoning_language, system)
     try:
+        extra: dict[str, Any] = {"tools": read_tools(tools) if tools else None, "reasoning_effort": reasoning_effort}
         client = sdk.chat_client(cfg, target, url)
         if wait and (url or target == "local"):
             with status("waiting for the server ..."):
                 wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
-        if as_json:  # the whole reply at once: content, reasoning, finish_reason, usage, model
-            reply = client.chat(messages, max_tokens, temperature)
+        if as_json:  # the whole reply at once: content, reasoning, tool_calls, finish_reason, usage, model
+            reply = client.chat(messages, max_tokens, temperature, **extra)
             emit_json(reply)
         elif not stream:
-            reply = client.chat(messages, max_tokens, temperature)
+            reply = client.chat(messages, max_tokens, temperature, **extra)
             if reply.reasoning:  # model text is never read as rich markup
                 err.print("[dim]reasoning:[/] ", end="")
                 err.print(reply.reasoning, highlight=False, markup=False)
-            out.print("[dim]answer:[/] ", end="")
-            out.print(reply.content, highlight=False, markup=False)
+            for line in show_tool_calls(reply.tool_calls):
+                out.print(line, highlight=False, markup=False)
+            if reply.content or not reply.tool_calls:
+                out.print("[dim]answer:[/] ", end="")
+                out.print(reply.content, highlight=False, markup=False)
         else:
             parts = {"reasoning": "", "content": ""}
-            for delta in client.stream(messages, max_tokens, temperature):
+            calls: dict[int, dict] = {}
+            for delta in client.stream(messages, max_tokens, temperature, **extra):
+                if delta.kind == "tool_call":  # shown whole once the reply ends
+                    call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                    call["name"] += delta.name
+                    call["arguments"] += delta.text
+                    continue
                 if not parts[delta.kind]:
                     label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
                     (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
                 parts[delta.kind] += delta.text
                 (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
             out.print()
-            reply = ChatReply(parts["content"], parts["reasoning"], "", {})
+            reply = ChatReply(parts["content"], parts["reasoning"], "", {}, tool_calls=list(calls.values()))
+            for line in show_tool_calls(reply.tool_calls):
+                out.print(line, highlight=False, markup=False)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     problems = reply_problems(reply) if check else []

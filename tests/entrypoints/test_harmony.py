@@ -343,3 +343,18 @@ def test_data_prepare_names_file_line_and_reason_and_counts(tiny_model_path, tmp
     assert summary["reasoning_effort"] == {"high": 1, "low": 3}  # the row's own, else data.reasoning_effort
     assert summary["assistant_turns"] == len(dataset) == 6
     assert all(any(label != IGNORE_INDEX for label in example["labels"]) for example in dataset)
+
+
+def test_the_tool_calling_sample_prepares_with_every_feature(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    from toolkit.config import load_config
+    from toolkit.entrypoints.data import PrepareReport
+
+    cfg = load_config("tiny-gpt-oss-tools-local")
+    report = PrepareReport()
+    dataset = prepare(load_rows(cfg.data.source), AutoTokenizer.from_pretrained(tiny_model_path), cfg.data, report)
+    summary = report.summary()
+    assert summary["rows_in"] >= 24 and summary["bad_rows_skipped"] == 0 and summary["overlong_dropped"] == 0
+    assert set(summary["reasoning_effort"]) == set(harmony.EFFORTS) and summary["tool_calls"] > summary["rows_in"] / 2
+    assert summary["assistant_turns"] == len(dataset) > summary["rows_in"]  # multi-turn rows give several
