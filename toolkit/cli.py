@@ -559,6 +559,17 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
             server.stop()
         raise typer.Exit(130) from None
     assert server is not None and server.process is not None  # every failure above has raised
+    try:  # the served prompt must be the trained prompt (tools, multi-turn, effort): refuse to serve on drift
+        with status("checking that vLLM renders prompts as training did ..."):
+            problems = sdk.prompt_drift(cfg, server.url)
+    except (KeyboardInterrupt, Exception):
+        server.stop()
+        raise
+    if problems:
+        server.stop()
+        shown = "; ".join(problems[:3])
+        fail(f"the served prompt is not the trained prompt: {shown}. Serve with the pinned vLLM (scripts/env.sh, "
+             "the serving image) or retrain with this toolkit's rendering", code=1)  # fmt: skip
     out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
               f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
     try:

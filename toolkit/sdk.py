@@ -250,3 +250,12 @@ def register(
 
     cfg = _as_config(config, overrides)
     return register_model(cfg, _image(cfg, image_uri), job_name, approve)
+
+
+def prompt_drift(config: Config | str | Path, url: str | None = None, target: str = "local") -> list[str]:
+    """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, each
+    effort, developer prompt present and absent); [] when they agree (toolkit/deploy/parity.py)."""
+    from toolkit.deploy.parity import drift
+
+    client = chat_client(config, target, url)
+    return drift(client.send, client.model)

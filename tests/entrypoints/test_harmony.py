@@ -13,112 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.deploy.parity import CORPUS, WEATHER, call, generation_points, request
 from toolkit.entrypoints import harmony
 from toolkit.entrypoints.data import IGNORE_INDEX, DataError, load_rows, prepare
 from toolkit.entrypoints.settings import DataSettings
 
 DATE = "2026-12-02"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Local time",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
-    },
-}
-
-
-def call(id_: str, name: str, arguments: dict) -> dict:
-    return {"id": id_, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-
-
-CORPUS = {
-    "tools, a tool result, developer prompt, effort high": {
-        "tools": [WEATHER, CLOCK],
-        "reasoning_effort": "high",
-        "messages": [
-            {"role": "developer", "content": "Answer in one sentence."},
-            {"role": "user", "content": "Weather in Paris?"},
-            {
-                "role": "assistant",
-                "reasoning": "I need the weather tool.",
-                "tool_calls": [call("c1", "get_weather", {"city": "Paris"})],
-            },
-            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 3, "sky": "rain"}'},
-            {"role": "assistant", "reasoning": "3 degrees and rain.", "content": "3 °C and rain in Paris."},
-        ],
-    },
-    "no developer prompt, no tools, effort low": {
-        "reasoning_effort": "low",
-        "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "reasoning": "Easy.", "content": "4"}],
-    },
-    "multi-turn without tool calls, system prompt, effort medium": {
-        "reasoning_effort": "medium",
-        "messages": [
-            {"role": "system", "content": "reasoning language: French"},
-            {"role": "user", "content": "Erste Frage?"},
-            {"role": "assistant", "reasoning": "Premier.", "content": "Erste Antwort."},
-            {"role": "user", "content": "Zweite Frage?"},
-            {"role": "assistant", "reasoning": "Second.", "content": "Zweite Antwort."},
-        ],
-    },
-    "multi-turn with tool calls, two calls in one turn, no developer prompt": {
-        "tools": [WEATHER, CLOCK],
-        "messages": [
-            {"role": "user", "content": "Time and weather in Oslo?"},
-            {
-                "role": "assistant",
-                "reasoning": "Two tools.",
-                "tool_calls": [
-                    call("a", "get_time", {"zone": "Europe/Oslo"}),
-                    call("b", "get_weather", {"city": "Oslo"}),
-                ],
-            },
-            {"role": "tool", "tool_call_id": "a", "content": "14:05"},
-            {"role": "tool", "tool_call_id": "b", "content": "sunny, 1 degree"},
-            {"role": "assistant", "reasoning": "Both known.", "content": "14:05, sunny, 1 °C."},
-            {"role": "user", "content": "And in Rome?"},
-            {
-                "role": "assistant",
-                "content": "Checking.",
-                "reasoning": "Weather again.",
-                "tool_calls": [call("c", "get_weather", {"city": "Rome", "unit": "celsius"})],
-            },
-            {"role": "tool", "tool_call_id": "c", "content": "cloudy, 12"},
-            {"role": "assistant", "content": "Cloudy, 12 °C."},
-        ],
-    },
-}
-
-
-def generation_points(messages: list[dict]) -> list[int]:
-    """Where inference asks the model for the next assistant message: after a user or tool message."""
-    return [
-        i + 1
-        for i, m in enumerate(messages[:-1])
-        if m["role"] in ("user", "tool") and messages[i + 1]["role"] == "assistant"
-    ]
-
-
-def request(row: dict, upto: int) -> dict:
-    body: dict = {"messages": row["messages"][:upto]}
-    body.update({k: row[k] for k in ("tools", "reasoning_effort") if k in row})
-    return body
+__all__ = ["CORPUS", "WEATHER", "generation_points", "request"]  # the serving tests take them from here too
 
 
 def vllm_prompts(bodies: list[dict]) -> list[list[int]]:

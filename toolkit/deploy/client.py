@@ -207,6 +207,10 @@ class ChatClient:
 
         return cls(send, send_streaming, model)
 
+    def send(self, body: dict) -> dict:
+        """A raw chat-completion body (e.g. with vLLM's `return_token_ids`) -> the server's JSON reply."""
+        return self._send(body)
+
     def _body(
         self,
         messages: list[dict],

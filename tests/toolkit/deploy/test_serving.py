@@ -129,25 +129,23 @@ def test_the_served_prompt_is_the_trained_prompt(server, trained):
 
 
 def test_the_served_prompt_is_the_trained_prompt_for_tools_multi_turn_and_effort(server, trained):
-    """For each feature of the corpus (tests/entrypoints/test_harmony.py), at every point where the model is asked
-    for the next assistant message, the prompt ids the running server renders (both routes) equal the training
-    ids of the same conversation up to that turn."""
-    from tests.entrypoints.test_harmony import CORPUS, generation_points, request
-    from toolkit.entrypoints import harmony
+    """For each feature of the parity corpus (toolkit/deploy/parity.py: tools, tool results, multi-turn with and
+    without tool calls, each effort, developer prompt present and absent), at every point where the model is asked
+    for the next assistant message, the prompt ids the running server renders equal the training ids of the same
+    conversation up to that turn: on /invocations (what `toolkit deploy` checks) and /v1/chat/completions. A
+    server whose prompts differ is caught (the check compares, it does not pass everything)."""
+    from toolkit.deploy.parity import drift
 
     cfg, _ = trained
-    for name, row in CORPUS.items():
-        conversation = harmony.normalize(row, row["messages"], "medium")
-        for upto in generation_points(row["messages"]):
-            body = {"model": cfg.name, "max_tokens": 1, "return_token_ids": True, **request(row, upto)}
-            partial = harmony.normalize(row, row["messages"][:upto], "medium", complete=False)
-            turn = sum(bool(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"))
-                       for m in row["messages"][:upto])  # fmt: skip
-            trained_ids = harmony.examples(conversation)[turn].ids[: len(harmony.prompt_ids(partial)) - 2]
-            for route in ("/v1/chat/completions", "/invocations"):
-                status, reply = post(server.url + route, json.dumps(body).encode())
-                assert status == 200, (name, reply)
-                assert reply["prompt_token_ids"][:-2] == trained_ids, (name, upto, route)
+    assert toolkit.sdk.prompt_drift(cfg, server.url) == []
+    assert drift(lambda body: post(server.url + "/v1/chat/completions", json.dumps(body).encode())[1], cfg.name) == []
+
+    def one_token_off(body: dict) -> dict:
+        reply = post(server.url + "/invocations", json.dumps(body).encode())[1]
+        return {**reply, "prompt_token_ids": [reply["prompt_token_ids"][0], 0, *reply["prompt_token_ids"][2:]]}
+
+    problems = drift(one_token_off, cfg.name)
+    assert problems and all("differs from training's at token 1 of" in p for p in problems)
 
 
 def test_the_client_sends_tools_and_effort_and_shows_tool_calls_apart(server, trained, tmp_path):
