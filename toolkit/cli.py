@@ -10,7 +10,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import click
 import typer
@@ -33,6 +33,7 @@ TrainTarget = Literal["local", "training-job", "hyperpod"]
 ServeTarget = Literal["endpoint", "local"]
 ImageKind = Literal["serving", "training"]
 EvalTarget = Literal["local"]
+Effort = Literal["low", "medium", "high"]  # harmony's levels (toolkit_train.harmony.EFFORTS; a test ties the two)
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
 
@@ -742,6 +743,17 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
             server.stop()
         raise typer.Exit(130) from None
     assert server is not None and server.process is not None  # every failure above has raised
+    try:  # the served prompt must be the trained prompt (tools, multi-turn, effort): refuse to serve on drift
+        with status("checking that vLLM renders prompts as training did ..."):
+            problems = sdk.prompt_drift(cfg, server.url)
+    except (KeyboardInterrupt, Exception):
+        server.stop()
+        raise
+    if problems:
+        server.stop()
+        shown = "; ".join(problems[:3])
+        fail(f"the served prompt is not the trained prompt: {shown}. Serve with the pinned vLLM (scripts/env.sh, "
+             "the serving image) or retrain with this toolkit's rendering", code=1)  # fmt: skip
     out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
               f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
     try:
@@ -762,6 +774,10 @@ def invoke(
         str | None, typer.Option(help="System prompt 'reasoning language: X' (the model reasons in X).")
     ] = None,
     system: Annotated[str | None, typer.Option(help="More system instructions.")] = None,
+    tools: Annotated[str | None, typer.Option(help="A JSON file: a list of OpenAI function tools.")] = None,
+    reasoning_effort: Annotated[
+        Effort | None, typer.Option(help="The system message's reasoning level (default: the model's).")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(min=1)] = 512,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.7,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they arrive.")] = True,
@@ -779,35 +795,47 @@ def invoke(
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.sdk import ChatReply, messages_for, reply_problems, wait_for
+    from toolkit.sdk import ChatReply, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
 
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)
     try:
+        extra: dict[str, Any] = {"tools": read_tools(tools) if tools else None, "reasoning_effort": reasoning_effort}
         client = sdk.chat_client(cfg, target, url)
         if wait and (url or target == "local"):
             with status("waiting for the server ..."):
                 wait_for(url or f"http://127.0.0.1:{cfg.serving.local_port}", wait)
-        if as_json:  # the whole reply at once: content, reasoning, finish_reason, usage, model
-            reply = client.chat(messages, max_tokens, temperature)
+        if as_json:  # the whole reply at once: content, reasoning, tool_calls, finish_reason, usage, model
+            reply = client.chat(messages, max_tokens, temperature, **extra)
             emit_json(reply)
         elif not stream:
-            reply = client.chat(messages, max_tokens, temperature)
+            reply = client.chat(messages, max_tokens, temperature, **extra)
             if reply.reasoning:  # model text is never read as rich markup
                 err.print("[dim]reasoning:[/] ", end="")
                 err.print(reply.reasoning, highlight=False, markup=False)
-            out.print("[dim]answer:[/] ", end="")
-            out.print(reply.content, highlight=False, markup=False)
+            for line in show_tool_calls(reply.tool_calls):
+                out.print(line, highlight=False, markup=False)
+            if reply.content or not reply.tool_calls:
+                out.print("[dim]answer:[/] ", end="")
+                out.print(reply.content, highlight=False, markup=False)
         else:
             parts = {"reasoning": "", "content": ""}
-            for delta in client.stream(messages, max_tokens, temperature):
+            calls: dict[int, dict] = {}
+            for delta in client.stream(messages, max_tokens, temperature, **extra):
+                if delta.kind == "tool_call":  # shown whole once the reply ends
+                    call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                    call["name"] += delta.name
+                    call["arguments"] += delta.text
+                    continue
                 if not parts[delta.kind]:
                     label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
                     (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
                 parts[delta.kind] += delta.text
                 (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
             out.print()
-            reply = ChatReply(parts["content"], parts["reasoning"], "", {})
+            reply = ChatReply(parts["content"], parts["reasoning"], "", {}, tool_calls=list(calls.values()))
+            for line in show_tool_calls(reply.tool_calls):
+                out.print(line, highlight=False, markup=False)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     problems = reply_problems(reply) if check else []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
 from toolkit.config.targets import run_home
-from toolkit.deploy.client import ChatReply, messages_for, reply_problems, wait_for
+from toolkit.deploy.client import ChatReply, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
 from toolkit.infra import ExportRole
 from toolkit.limits import parse_price_overrides
 from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
@@ -28,7 +28,9 @@ __all__ = [
     "JobInterrupted",
     "messages_for",
     "parse_price_overrides",
+    "read_tools",
     "reply_problems",
+    "show_tool_calls",
     "wait_for",
 ]
 
@@ -387,7 +389,7 @@ def evaluate(
     report = build(results)
     run_file = directory / "run.json"
     run = json.loads(run_file.read_text()) if run_file.is_file() else None
-    written = write(report, Path("runs") / cfg.name / "eval", run)  # adds the run's validation loss to the report
+    written = write(report, run_home(cfg.name) / "eval", run)  # adds the run's validation loss to the report
     return {**report, "written": written}
 
 
@@ -396,3 +398,12 @@ def evaluation_table(report: dict[str, Any]) -> str:
     from toolkit.evaluate.report import markdown
 
     return markdown(report, report.get("validation"))
+
+
+def prompt_drift(config: Config | str | Path, url: str | None = None, target: str = "local") -> list[str]:
+    """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, each
+    effort, developer prompt present and absent); [] when they agree (toolkit/deploy/parity.py)."""
+    from toolkit.deploy.parity import drift
+
+    client = chat_client(config, target, url)
+    return drift(client.send, client.model)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .settings import SAMPLE_DATASET, DataSettings
+from . import harmony
+from .settings import SAMPLE_DATASET, SAMPLES, DataSettings
 
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100
@@ -34,11 +35,24 @@ class PrepareReport:
     truncated: int = 0
     dropped_untrained: int = 0  # truncated rows with no trained token left (all prompt): nothing to learn from
     lengths: list[int] = field(default_factory=list)
+    rows_with_tools: int = 0
+    tool_calls: int = 0
+    assistant_turns: int = 0  # examples: one per assistant turn (a multi-turn row gives several)
+    efforts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, conversation: dict[str, Any]) -> None:
+        self.rows_with_tools += bool(conversation["tools"])
+        self.tool_calls += sum(len(m.get("tool_calls", ())) for m in conversation["messages"])
+        self.efforts[conversation["effort"]] = self.efforts.get(conversation["effort"], 0) + 1
 
     def summary(self) -> dict[str, Any]:
         lengths = sorted(self.lengths) or [0]
         return {
             "rows_in": self.rows_in,
+            "rows_with_tools": self.rows_with_tools,
+            "tool_calls": self.tool_calls,
+            "reasoning_effort": dict(sorted(self.efforts.items())),
+            "assistant_turns": self.assistant_turns,
             "rows_out": len(self.lengths),
             "bad_rows_skipped": len(self.bad_rows),
             "overlong_dropped": self.dropped_overlong,
@@ -56,8 +70,10 @@ def load_rows(source: str | Path, split: str = "train"):
     """A `datasets.Dataset` from the builtin sample, a local file/dir, or a hub id."""
     import datasets
 
-    if str(source) == SAMPLE_DATASET:
+    if str(source) == SAMPLE_DATASET:  # flat columns: a datasets.Dataset, as the hub's Multilingual-Thinking
         return datasets.load_dataset("json", data_files=str(SAMPLE_PATH), split="train")
+    if str(source) in SAMPLES:  # nested tool schemas: read row by row (Arrow would merge them into one struct)
+        return read_json_rows(source, [SAMPLE_PATH.parent / SAMPLES[str(source)]])
     path = Path(source)
     if path.is_dir() and any((path / marker).exists() for marker in ("state.json", "dataset_dict.json")):
         loaded = datasets.load_from_disk(str(path))
@@ -178,24 +194,12 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("field 'messages' is missing or not a list")
-    clean = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in (
-            "system",
-            "developer",
-            "user",
-            "assistant",
-        ):
-            raise ValueError(f"messages[{i}] needs a role of system, developer, user or assistant")
-        if not isinstance(message.get("content"), str):
-            raise ValueError(f"messages[{i}].content must be a string")
-        item = {"role": message["role"], "content": message["content"]}
-        if message.get("thinking"):
-            item["thinking"] = message["thinking"]
-        clean.append(item)
-    if clean[-1]["role"] != "assistant":
-        raise ValueError("the last message must be the assistant's (the answer to learn)")
-    return clean
+    return messages
+
+
+def to_conversation(row: dict[str, Any], fmt: str, default_effort: str = "medium") -> dict[str, Any]:
+    """One row checked (roles, tools, tool calls against their schemas, effort) as {messages, tools, effort}."""
+    return harmony.normalize(row, to_messages(row, fmt), default_effort)
 
 
 # gpt-oss's published chat template ends the developer instructions with a blank line even when no tools
@@ -241,7 +245,8 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
-            conversations.append(to_messages(row, settings.format))
+            conversations.append(to_conversation(row, settings.format, settings.reasoning_effort))
+            report.count(conversations[-1])
         except ValueError as exc:
             where = places[index] if places else f"row {index}"
             reason = str(exc)  # a row that did not parse says where already
@@ -261,28 +266,34 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     import datasets
 
     tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on))
+    report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
 
 
-def _tokenize(conversations: list, tokenizer, loss_on: str = "assistant", chunk: int = 256) -> dict[str, list]:
-    """Render + tokenize in chunks (the fast tokenizer encodes a chunk at once); labels from the assistant mask,
-    or every token (loss_on 'all')."""
-    template = training_chat_template(tokenizer)
+def _tokenize(conversations: list, tokenizer, loss_on: str = "assistant") -> dict[str, list]:
+    """Render with harmony (toolkit_train/harmony.py): one example per assistant turn; labels on the assistant's own
+    tokens of that turn, or every token (loss_on 'all'). A conversation is a normalized row or a message list."""
+    check_harmony_vocabulary(tokenizer)
     input_ids: list[list[int]] = []
     labels: list[list[int]] = []
-    for start in range(0, len(conversations), chunk):
-        encoded = tokenizer.apply_chat_template(
-            conversations[start : start + chunk],
-            chat_template=template,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
-        for ids, mask in zip(encoded["input_ids"], encoded["assistant_masks"], strict=True):
-            input_ids.append(list(ids))
-            trained = [True] * len(ids) if loss_on == "all" else mask
-            labels.append([t if m else IGNORE_INDEX for t, m in zip(ids, trained, strict=True)])
+    for conversation in conversations:
+        if isinstance(conversation, list):
+            conversation = harmony.normalize({}, conversation, "medium")
+        for example in harmony.examples(conversation):
+            input_ids.append(example.ids)
+            trained = [True] * len(example.ids) if loss_on == "all" else example.trained
+            labels.append([t if m else IGNORE_INDEX for t, m in zip(example.ids, trained, strict=True)])
     return {"input_ids": input_ids, "labels": labels}
+
+
+def check_harmony_vocabulary(tokenizer) -> None:
+    """Training renders harmony's token ids: the tokenizer must be gpt-oss's (o200k_harmony)."""
+    for name in ("<|start|>", "<|channel|>", "<|message|>", "<|return|>", "<|call|>"):
+        if tokenizer.convert_tokens_to_ids(name) != harmony.encoding().encode(name, allowed_special="all")[0]:
+            raise DataError(
+                f"the tokenizer's id for {name} is not harmony's: the harmony format needs gpt-oss's "
+                "o200k_harmony tokenizer (model.id a gpt-oss checkpoint)"
+            )
 
 
 def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):

@@ -18,6 +18,8 @@ TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
+TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
+SAMPLES = {SAMPLE_DATASET: "multilingual-thinking.jsonl", TOOL_SAMPLE_DATASET: "tool-calling.jsonl"}  # samples/
 # What LoRA can adapt in gpt-oss (transformers' GptOssForCausalLM): the attention projections (and the embeddings
 # and LM head, rarely wanted), and the MoE experts as 3-D parameters; the router is not an nn.Linear.
 GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head")
@@ -168,16 +170,23 @@ class DataSettings(StrictModel):
 
     source: str = Field(
         description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), s3:// URI, "
-        f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or `{SAMPLE_DATASET}` (ships with the toolkit)."
+        f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or a sample that ships with the toolkit: "
+        f"`{SAMPLE_DATASET}`, `{TOOL_SAMPLE_DATASET}`."
     )
     split: str = Field("train", description="Split to train on.")
     format: Literal["multilingual-thinking", "messages"] = Field(
         "multilingual-thinking",
-        description="Row schema: HuggingFaceH4/Multilingual-Thinking, or plain chat `messages`.",
+        description="Row schema: HuggingFaceH4/Multilingual-Thinking, or OpenAI chat `messages` (with `tools`, "
+        "assistant `tool_calls` and `reasoning`, `tool` messages, `reasoning_effort` per row).",
     )
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
     skip_bad_rows: bool = Field(False, description="Skip rows that do not match the schema instead of failing.")
+    reasoning_effort: Literal["low", "medium", "high"] = Field(
+        "medium",
+        description="The system message's `Reasoning:` level for rows without their own `reasoning_effort` "
+        "(harmony's default is medium; a request's reasoning_effort sets it at serving).",
+    )
     loss_on: Literal["assistant", "all"] = Field(
         "assistant",
         description="Tokens the loss trains: the assistant's analysis + final (default), or every token, as the "

@@ -115,3 +115,9 @@ def test_verbose_logs_every_aws_call(aws_env):
     quiet = subprocess.run([sys.executable, "-m", "toolkit.cli", "endpoint", "list", "tiny-gpt-oss-local"],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert "toolkit.aws" not in quiet.stderr
+
+
+def test_the_reasoning_effort_choices_are_harmonys():
+    from toolkit_train.harmony import EFFORTS
+
+    assert typing.get_args(cli.Effort) == EFFORTS

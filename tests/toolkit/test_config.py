@@ -21,7 +21,13 @@ EKS_EXAMPLE = REPO / "examples" / "gpt-oss-120b-hyperpod-eks.yaml"
 
 
 def test_presets_are_the_documented_ones():
-    assert preset_names() == ["gpt-oss-120b-lora", "gpt-oss-120b-lora-1node", "gpt-oss-20b-lora", "tiny-gpt-oss-local"]
+    assert preset_names() == [
+        "gpt-oss-120b-lora",
+        "gpt-oss-120b-lora-1node",
+        "gpt-oss-20b-lora",
+        "tiny-gpt-oss-local",
+        "tiny-gpt-oss-tools-local",
+    ]
 
 
 def test_the_one_node_120b_preset_differs_from_the_recipe_preset_only_where_it_says():

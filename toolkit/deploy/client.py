@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from toolkit.deploy import ADAPTER_HEADER, DeployError, DeployInputError
@@ -26,12 +26,15 @@ class ChatReply:
     finish_reason: str
     usage: dict[str, Any]
     model: str = ""  # the model that answered (the adapter's name when one was addressed)
+    tool_calls: list[dict] = field(default_factory=list)  # [{id, name, arguments}]: vLLM's gpt-oss tool parser
 
 
 @dataclass
 class Delta:
-    kind: Literal["reasoning", "content"]
-    text: str
+    kind: Literal["reasoning", "content", "tool_call"]
+    text: str  # for a tool call: a piece of its arguments (JSON text)
+    name: str = ""  # a tool call's function name (on its first piece)
+    index: int = 0  # which tool call of the reply
 
 
 def ping(url: str) -> bool:
@@ -68,7 +71,7 @@ def reply_problems(reply: ChatReply) -> list[str]:
     problems = []
     if not reply.reasoning.strip():
         problems.append("has no reasoning (analysis channel)")
-    if not reply.content.strip():
+    if not reply.content.strip() and not reply.tool_calls:  # a tool call is an answer too (the turn ends there)
         problems.append("has no answer (final channel)")
     leaked = sorted(set(SPECIAL_TOKEN.findall(reply.reasoning + reply.content)))
     if leaked:
@@ -94,8 +97,16 @@ def reply_from(body: dict) -> ChatReply:
         raise DeployError(f"the server did not return a chat completion: {json.dumps(body)[:500]}")
     choice = body["choices"][0]
     message = choice.get("message", {})
+    calls = [
+        {
+            "id": c.get("id", ""),
+            "name": c.get("function", {}).get("name", ""),
+            "arguments": c.get("function", {}).get("arguments", ""),
+        }
+        for c in message.get("tool_calls") or []
+    ]
     return ChatReply(message.get("content") or "", _reasoning(message), choice.get("finish_reason") or "",
-                     body.get("usage") or {}, body.get("model") or "")  # fmt: skip
+                     body.get("usage") or {}, body.get("model") or "", calls)  # fmt: skip
 
 
 def deltas_from(chunks: Iterable[bytes]) -> Iterator[Delta]:
@@ -124,6 +135,9 @@ def _delta(line: bytes) -> Iterator[Delta]:
             yield Delta("reasoning", _reasoning(delta))
         if delta.get("content"):
             yield Delta("content", delta["content"])
+        for call in delta.get("tool_calls") or []:
+            function = call.get("function") or {}
+            yield Delta("tool_call", function.get("arguments") or "", function.get("name") or "", call.get("index", 0))
 
 
 class ChatClient:
@@ -193,12 +207,72 @@ class ChatClient:
 
         return cls(send, send_streaming, model)
 
-    def _body(self, messages: list[dict], max_tokens: int, temperature: float, stream: bool) -> dict:
-        return {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-                "stream": stream}  # fmt: skip
+    def send(self, body: dict) -> dict:
+        """A raw chat-completion body (e.g. with vLLM's `return_token_ids`) -> the server's JSON reply."""
+        return self._send(body)
 
-    def chat(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7) -> ChatReply:
-        return reply_from(self._send(self._body(messages, max_tokens, temperature, stream=False)))
+    def _body(
+        self,
+        messages: list[dict],
+        max_tokens: int,
+        temperature: float,
+        stream: bool,
+        tools: list[dict] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> dict:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": stream,
+        }
+        if tools:  # OpenAI function tools: harmony's developer message; calls come back in message.tool_calls
+            body["tools"] = tools
+        if reasoning_effort:  # the system message's `Reasoning:` level (low, medium, high)
+            body["reasoning_effort"] = reasoning_effort
+        return body  # fmt: skip
 
-    def stream(self, messages: list[dict], max_tokens: int = 512, temperature: float = 0.7) -> Iterator[Delta]:
-        yield from deltas_from(self._send_streaming(self._body(messages, max_tokens, temperature, stream=True)))
+    def chat(
+        self,
+        messages: list[dict],
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+        tools: list[dict] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> ChatReply:
+        return reply_from(self._send(self._body(messages, max_tokens, temperature, False, tools, reasoning_effort)))
+
+    def stream(
+        self,
+        messages: list[dict],
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+        tools: list[dict] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> Iterator[Delta]:
+        body = self._body(messages, max_tokens, temperature, True, tools, reasoning_effort)
+        yield from deltas_from(self._send_streaming(body))  # fmt: skip
+
+
+def read_tools(path: str) -> list[dict]:
+    """An OpenAI `tools` list from a JSON file, checked as training checks a row's tools (one-line errors)."""
+    from toolkit_train.harmony import tool_names
+
+    try:
+        tools = json.loads(open(path, encoding="utf-8").read())  # noqa: SIM115
+    except OSError as exc:
+        raise DeployInputError(f"--tools {path}: cannot read it ({exc.strerror})") from None
+    except ValueError as exc:
+        raise DeployInputError(f"--tools {path}: not JSON ({exc}); write a list of OpenAI function tools") from None
+    tools = tools.get("tools", tools) if isinstance(tools, dict) else tools
+    try:
+        tool_names(tools)
+    except ValueError as exc:
+        raise DeployInputError(f"--tools {path}: {exc}") from None
+    return tools
+
+
+def show_tool_calls(calls: list[dict]) -> list[str]:
+    """One line per tool call the model made: `tool call: NAME ARGUMENTS`."""
+    return [f"tool call: {call['name']} {call['arguments']}" for call in calls]

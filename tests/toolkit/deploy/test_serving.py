@@ -116,21 +116,81 @@ def same_reply(client: ChatClient) -> None:
 def test_the_served_prompt_is_the_trained_prompt(server, trained):
     """vLLM renders gpt-oss requests with harmony, training with the chat template: for the same conversation the
     prompt tokens must be identical (a stray blank line after the developer instructions once made the tiny
-    model answer another row's question)."""
-    from toolkit_train.data import training_chat_template
-    from toolkit_train.model import load_tokenizer
+    model answer another row's question). Training renders with openai_harmony (toolkit_train/harmony.py)."""
+    from toolkit_train import harmony
 
     cfg, _ = trained
-    tokenizer = load_tokenizer(cfg.model)
-    trained_prompt = tokenizer.apply_chat_template(
-        QUESTION, chat_template=training_chat_template(tokenizer), add_generation_prompt=True, tokenize=True,
-        return_dict=True,
-    )["input_ids"]  # fmt: skip
+    trained_prompt = harmony.prompt_ids(harmony.normalize({}, QUESTION, "medium", complete=False))
     body = json.loads(chat_body(cfg.name, return_token_ids=True))
     for route in ("/v1/chat/completions", "/invocations"):
         status, reply = post(server.url + route, json.dumps(body).encode())
         assert status == 200, reply
         assert reply["prompt_token_ids"] == list(trained_prompt), route
+
+
+def test_the_served_prompt_is_the_trained_prompt_for_tools_multi_turn_and_effort(server, trained):
+    """For each feature of the parity corpus (toolkit/deploy/parity.py: tools, tool results, multi-turn with and
+    without tool calls, each effort, developer prompt present and absent), at every point where the model is asked
+    for the next assistant message, the prompt ids the running server renders equal the training ids of the same
+    conversation up to that turn: on /invocations (what `toolkit deploy` checks) and /v1/chat/completions. A
+    server whose prompts differ is caught (the check compares, it does not pass everything)."""
+    from toolkit.deploy.parity import drift
+
+    cfg, _ = trained
+    assert toolkit.sdk.prompt_drift(cfg, server.url) == []
+    assert drift(lambda body: post(server.url + "/v1/chat/completions", json.dumps(body).encode())[1], cfg.name) == []
+
+    def one_token_off(body: dict) -> dict:
+        reply = post(server.url + "/invocations", json.dumps(body).encode())[1]
+        return {**reply, "prompt_token_ids": [reply["prompt_token_ids"][0], 0, *reply["prompt_token_ids"][2:]]}
+
+    problems = drift(one_token_off, cfg.name)
+    assert problems and all("differs from training's at token 1 of" in p for p in problems)
+
+
+def test_the_client_sends_tools_and_effort_and_shows_tool_calls_apart(server, trained, tmp_path):
+    """Tools and reasoning_effort reach the server (its prompt has them), and a reply's tool calls, as vLLM's
+    gpt-oss tool parser returns them, are shown apart from reasoning and answer (the parser's shape is asserted
+    offline below: the tiny model does not call tools)."""
+    from tests.toolkit_train.test_harmony import WEATHER
+
+    cfg, _ = trained
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    result = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Weather in Paris?", "--url", server.url,
+                                      "--tools", str(tools), "--reasoning-effort", "high", "--max-tokens", "8",
+                                      "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "tool_calls" in json.loads(result.stdout)
+    body = {"model": cfg.name, "max_tokens": 1, "return_token_ids": True, "tools": [WEATHER],
+            "reasoning_effort": "high", "messages": [{"role": "user", "content": "Weather in Paris?"}]}  # fmt: skip
+    status, reply = post(server.url + "/invocations", json.dumps(body).encode())
+    assert status == 200, reply
+    from toolkit_train.harmony import encoding
+
+    prompt = encoding().decode(reply["prompt_token_ids"])
+    assert "Reasoning: high" in prompt and "type get_weather = (_: {" in prompt
+    tools.write_text('[{"type": "function", "function": {}}]')
+    bad = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "q", "--url", server.url, "--tools", str(tools)])
+    assert bad.exit_code == 2 and "tools[0].function.name is missing" in bad.output
+
+
+def test_tool_calls_are_read_from_replies_and_streams():
+    from toolkit.deploy.client import reply_from, show_tool_calls
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    reply = reply_from({"choices": [{"message": {"content": None, "reasoning": "Tool.", "tool_calls": [call]},
+                                     "finish_reason": "tool_calls"}]})  # fmt: skip
+    assert reply.tool_calls == [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    assert reply_problems(reply) == [] and show_tool_calls(reply.tool_calls) == [
+        'tool call: get_weather {"city": "Paris"}'
+    ]
+    events = [{"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get_weather",
+               "arguments": ""}}]}}]}, {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+               "arguments": '{"city": "Paris"}'}}]}}]}]  # fmt: skip
+    stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    pieces = [(d.kind, d.name, d.text) for d in deltas_from([stream])]
+    assert pieces == [("tool_call", "get_weather", ""), ("tool_call", "", '{"city": "Paris"}')]
 
 
 def test_serving_stack_is_the_image_pin_and_loads_what_training_wrote(server, trained):

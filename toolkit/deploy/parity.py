@@ -1,0 +1,142 @@
+"""The served prompt is the trained prompt: for a corpus of chat requests covering every harmony feature the toolkit
+trains (tools, tool results, multi-turn with and without tool calls, each reasoning effort, the developer prompt
+present and absent), the prompt token ids a running vLLM renders (`return_token_ids`) must equal the ids training
+renders for the same conversation up to the assistant turn being generated (toolkit_train/harmony.py).
+`toolkit deploy --target local` runs it against the server it started and refuses to finish on drift.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Local time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
+    },
+}
+
+
+def call(id_: str, name: str, arguments: dict) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+CORPUS: dict[str, dict[str, Any]] = {
+    "tools, a tool result, developer prompt, effort high": {
+        "tools": [WEATHER, CLOCK],
+        "reasoning_effort": "high",
+        "messages": [
+            {"role": "developer", "content": "Answer in one sentence."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "role": "assistant",
+                "reasoning": "I need the weather tool.",
+                "tool_calls": [call("c1", "get_weather", {"city": "Paris"})],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 3, "sky": "rain"}'},
+            {"role": "assistant", "reasoning": "3 degrees and rain.", "content": "3 °C and rain in Paris."},
+        ],
+    },
+    "no developer prompt, no tools, effort low": {
+        "reasoning_effort": "low",
+        "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "reasoning": "Easy.", "content": "4"}],
+    },
+    "multi-turn without tool calls, system prompt, effort medium": {
+        "reasoning_effort": "medium",
+        "messages": [
+            {"role": "system", "content": "reasoning language: French"},
+            {"role": "user", "content": "Erste Frage?"},
+            {"role": "assistant", "reasoning": "Premier.", "content": "Erste Antwort."},
+            {"role": "user", "content": "Zweite Frage?"},
+            {"role": "assistant", "reasoning": "Second.", "content": "Zweite Antwort."},
+        ],
+    },
+    "multi-turn with tool calls, two calls in one turn, no developer prompt": {
+        "tools": [WEATHER, CLOCK],
+        "messages": [
+            {"role": "user", "content": "Time and weather in Oslo?"},
+            {
+                "role": "assistant",
+                "reasoning": "Two tools.",
+                "tool_calls": [
+                    call("a", "get_time", {"zone": "Europe/Oslo"}),
+                    call("b", "get_weather", {"city": "Oslo"}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "a", "content": "14:05"},
+            {"role": "tool", "tool_call_id": "b", "content": "sunny, 1 degree"},
+            {"role": "assistant", "reasoning": "Both known.", "content": "14:05, sunny, 1 °C."},
+            {"role": "user", "content": "And in Rome?"},
+            {
+                "role": "assistant",
+                "content": "Checking.",
+                "reasoning": "Weather again.",
+                "tool_calls": [call("c", "get_weather", {"city": "Rome", "unit": "celsius"})],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "cloudy, 12"},
+            {"role": "assistant", "content": "Cloudy, 12 °C."},
+        ],
+    },
+}
+
+
+def generation_points(messages: list[dict]) -> list[int]:
+    """Where inference asks the model for the next assistant message: after a user or tool message."""
+    return [
+        i + 1
+        for i, m in enumerate(messages[:-1])
+        if m["role"] in ("user", "tool") and messages[i + 1]["role"] == "assistant"
+    ]
+
+
+def request(row: dict, upto: int) -> dict:
+    body: dict = {"messages": row["messages"][:upto]}
+    body.update({k: row[k] for k in ("tools", "reasoning_effort") if k in row})
+    return body
+
+
+def drift(send: Callable[[dict], dict], model: str) -> list[str]:
+    """One line per request of the corpus whose served prompt differs from training's; [] when none does."""
+    from toolkit_train import harmony
+
+    problems = []
+    for name, row in CORPUS.items():
+        conversation = harmony.normalize(row, row["messages"], "medium")
+        for upto in generation_points(row["messages"]):
+            partial = harmony.normalize(row, row["messages"][:upto], "medium", complete=False)
+            expected = harmony.prompt_ids(partial)
+            turn = sum(
+                bool(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"))
+                for m in row["messages"][:upto]
+            )
+            trained = harmony.examples(conversation)[turn].ids[: len(expected) - 2]
+            reply: dict[str, Any] = send(
+                {"model": model, "max_tokens": 1, "return_token_ids": True, **request(row, upto)}
+            )
+            served = reply.get("prompt_token_ids") or []
+            if served[:-2] != trained or expected[:-2] != trained:
+                at = next((i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), len(trained))
+                problems.append(
+                    f"{name} (turn {turn + 1}, after message {upto}): the served prompt differs from "
+                    f"training's at token {at} of {len(trained)}"
+                )
+    return problems
