@@ -15,6 +15,7 @@ from typing import Any
 from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
+from toolkit.targets.base import TargetError
 
 VARIANT = "AllTraffic"
 BUSY = {"Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting"}
@@ -339,6 +340,10 @@ def model_data_fields(model_data: str) -> dict[str, Any]:
     return {"ModelDataUrl": model_data}
 
 
+class NothingToServe(DeployInputError, TargetError):
+    """No completed run to serve: deploy's bad input, and still the target's error (SDK callers catch either)."""
+
+
 def model_data(config: Config, explicit: str | None = None, dry_run: bool = False) -> str:
     """What to serve: an explicit S3 URI, serving.model_data, the HyperPod run's model (uploaded once) when the
     config trains on HyperPod, or the latest completed training job's model."""
@@ -348,11 +353,11 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
             raise DeployInputError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
     from toolkit.errors import Failed
-    from toolkit.targets.base import TargetError, get_target
+    from toolkit.targets.base import get_target
 
     try:
         return get_target(config.target).servable_model(config, dry_run)
     except TargetError as exc:
         if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
             raise
-        raise DeployInputError(str(exc)) from None  # nothing to serve: deploy's own bad input (SDK callers)
+        raise NothingToServe(str(exc)) from None
