@@ -65,11 +65,12 @@ def test_build_push_then_skip_when_the_registry_has_the_tag(engine, registry_con
     assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
     platform = engine.docker("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", image)
     assert platform.stdout.decode().strip() == "linux/amd64"
-    # the build installed exactly the transformers the Dockerfile pins (the base's python3 records its calls)
+    # the build installed exactly the transformers the Dockerfile pins, with uv into the system Python as vLLM's
+    # image installs (the stand-in base's uv records its calls)
     calls = engine.docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
-                          "while read -r line; do echo \"$line\"; done < /opt/python3-calls")  # fmt: skip
+                          "while read -r line; do echo \"$line\"; done < /opt/uv-calls")  # fmt: skip
     pins = dockerfile_pins()
-    assert f"-m pip install --no-cache-dir transformers=={pins['TRANSFORMERS_VERSION']}" in calls.stdout.decode()
+    assert f"pip install --system --no-cache transformers=={pins['TRANSFORMERS_VERSION']}" in calls.stdout.decode()
 
     again: list[str] = []
     assert ensure_image(registry_config, again.append) == image
