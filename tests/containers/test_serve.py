@@ -118,6 +118,6 @@ def test_the_dockerfile_extends_vllms_image_as_its_python_is_laid_out():
     dockerfile = (SERVE.parent / "Dockerfile").read_text()
     steps = [line.strip() for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
     installs = [line for line in steps if "install" in line]
-    assert installs and all(line.startswith('uv pip install --system') for line in installs), installs
+    assert installs and all(line.startswith("uv pip install --system") for line in installs), installs
     assert not any("python3 -m pip" in line or line.startswith("pip ") for line in steps)
     assert 'ENTRYPOINT ["python3", "/opt/toolkit/serve.py"]' in steps

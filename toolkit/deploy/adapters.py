@@ -109,6 +109,11 @@ class AdapterEndpoints(Endpoints):
 
     # -- planning -----------------------------------------------------------------------------------------------
 
+    def _tags(self) -> list[dict[str, str]]:
+        """The endpoint, its config and the base are shared by the configs of one base: tagged with the endpoint,
+        not a config (a config's tag would make every fine-tune's deploy a different endpoint config)."""
+        return [{"Key": "toolkit:endpoint", "Value": self.name}]
+
     def _check(self) -> None:
         for kind, name in (("endpoint", self.name), ("inference component", self.base),
                            ("inference component", self.adapter)):  # fmt: skip
@@ -249,7 +254,7 @@ class AdapterEndpoints(Endpoints):
         create = Request("create_inference_component", {
             "InferenceComponentName": self.adapter, "EndpointName": self.name,
             "Specification": {"BaseInferenceComponentName": self.base, "Container": {"ArtifactUrl": artifact}},
-            "Tags": self._tags()})  # fmt: skip
+            "Tags": super()._tags()})  # fmt: skip
         current = self.component(self.adapter)
         if current is None:
             return [create]

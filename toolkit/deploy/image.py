@@ -172,8 +172,8 @@ def check_manifest(media_type: str | None, image: str) -> None:
     if media_type not in SAGEMAKER_MANIFESTS:
         raise DeployError(
             f"{image} was pushed with manifest type {media_type}, which SageMaker's CreateModel refuses (it takes "
-            "Docker v2 manifests): turn off Docker's containerd image store (daemon.json: \"features\": "
-            "{\"containerd-snapshotter\": false}) or build with buildx (the toolkit passes oci-mediatypes=false), "
+            'Docker v2 manifests): turn off Docker\'s containerd image store (daemon.json: "features": '
+            '{"containerd-snapshotter": false}) or build with buildx (the toolkit passes oci-mediatypes=false), '
             "then delete the tag and re-run"
         )
 
