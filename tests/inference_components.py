@@ -7,9 +7,9 @@ component's container runs (`attach(url)`: the toolkit's serve.py with real vLLM
 is played for real: each adapter component's ArtifactUrl (a tar.gz in moto's S3) is unpacked and registered with
 the container (`POST /adapters {"name", "src"}`, vLLM's SageMaker route), a deleted one unregistered
 (`DELETE /adapters/<name>`), and InvokeEndpoint naming a component is forwarded to the container's /invocations
-with the adapter's name in X-Amzn-SageMaker-Adapter-Identifier. moto's endpoint configs need a model per variant: one for inference components (none) gets a
-placeholder model there. A component is InService at once; what this does
-not cover: SageMaker's placement of copies, its rolling update and rollback, scaling and the container's download.
+with the adapter's name in X-Amzn-SageMaker-Adapter-Identifier. moto's endpoint configs need a model per
+variant: one for inference components (none) gets a placeholder model there. A component is InService at once;
+what this does not cover: SageMaker's placement of copies, its rolling update and rollback, scaling and the container's download.
 """
 
 from __future__ import annotations

@@ -161,6 +161,7 @@ class AdapterEndpoints(Endpoints):
                 "adapter.tar.gz given as serving.model_data / --model-data"
             )
         aws.require(self.config.aws, "bucket")
+        assert self.config.aws.bucket is not None  # required just above
         source = model_data if model_data.rstrip("/").endswith("/adapter") else f"{model_data}adapter/"
         key = f"{self.config.aws.prefix}/adapters/{self.config.name}/{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         url = f"s3://{self.config.aws.bucket}/{key}/{ARCHIVE}"

@@ -94,11 +94,11 @@ def test_the_dry_run_lists_the_inference_component_requests_and_botocore_accepts
     cfg = adapter_config(aws_env, base, "support-bot", 32)
     model = upload_training_output(adapters["support-bot"][0], aws_env["bucket"], "support-1")
     result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--dry-run", "--image-uri", IMAGE,
-                                      "--model-data", model, *sum((["--set", o] for o in (
+                                      "--model-data", model, *[part for o in (
                                           "name=support-bot", f"model.id={base}", "lora.r=32",
                                           "serving.weights=adapter", f"aws.role={aws_env['role']}",
                                           f"aws.bucket={aws_env['bucket']}",
-                                          "serving.instance_type=ml.g4dn.xlarge")), [])])  # fmt: skip
+                                          "serving.instance_type=ml.g4dn.xlarge") for part in ("--set", o)]])  # fmt: skip
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
     assert [next(iter(r)) for r in shown] == ["create_model", "create_endpoint_config", "create_endpoint",
