@@ -9,7 +9,8 @@ the container (`POST /adapters {"name", "src"}`, vLLM's SageMaker route), a dele
 (`DELETE /adapters/<name>`), and InvokeEndpoint naming a component is forwarded to the container's /invocations
 with the adapter's name in X-Amzn-SageMaker-Adapter-Identifier. moto's endpoint configs need a model per
 variant: one for inference components (none) gets a placeholder model there. A component is InService at once;
-what this does not cover: SageMaker's placement of copies, its rolling update and rollback, scaling and the container's download.
+what this does not cover: SageMaker's placement of copies, its rolling update and rollback, scaling and the
+container's download.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def test_the_rank_table_is_the_pinned_vllms():
         if os.environ.get("CI"):
             raise AssertionError(f"no serving Python at {python}")
         pytest.skip("no serving environment (.venv-serve)")
-    read = "import typing, json; from vllm.config.lora import MaxLoRARanks; print(json.dumps(typing.get_args(MaxLoRARanks)))"
+    read = "import typing, json; from vllm.config.lora import MaxLoRARanks as R; print(json.dumps(typing.get_args(R)))"
     probe = subprocess.run([python, "-c", read], capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert tuple(json.loads(probe.stdout.strip().splitlines()[-1])) == serve.VLLM_LORA_RANKS

@@ -98,7 +98,8 @@ def test_the_dry_run_lists_the_inference_component_requests_and_botocore_accepts
                                           "name=support-bot", f"model.id={base}", "lora.r=32",
                                           "serving.weights=adapter", f"aws.role={aws_env['role']}",
                                           f"aws.bucket={aws_env['bucket']}",
-                                          "serving.instance_type=ml.g4dn.xlarge") for part in ("--set", o)]])  # fmt: skip
+                                          "serving.instance_type=ml.g4dn.xlarge")
+                                                                for part in ("--set", o)]])  # fmt: skip
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
     assert [next(iter(r)) for r in shown] == ["create_model", "create_endpoint_config", "create_endpoint",
