@@ -99,7 +99,8 @@ class DockerEngine:
     def import_base_image(self, tag: str) -> None:
         """A minimal local base image (Docker Hub is unreachable), made with `docker import`: a shell (this host's
         dash and the two libraries it needs) so the Dockerfile's RUN steps run, and a stand-in `python3` that
-        records how it was called in /opt/python3-calls (what the build asked pip to install)."""
+        records how it was called in /opt/python3-calls, and a stand-in `uv` recording its calls in /opt/uv-calls
+        (what the build asked uv to install: vLLM's image installs with `uv pip install --system`)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
             for host_path, image_path in (
@@ -112,6 +113,8 @@ class DockerEngine:
                 ("etc/toolkit-test-base", b"toolkit test base\n", 0o644),
                 ("usr/bin/python3", b'#!/bin/sh\necho "$@" >> /opt/python3-calls\n', 0o755),
                 ("opt/python3-calls", b"", 0o666),
+                ("usr/local/bin/uv", b'#!/bin/sh\necho "$@" >> /opt/uv-calls\n', 0o755),  # vLLM's image has uv
+                ("opt/uv-calls", b"", 0o666),
             ):
                 info = tarfile.TarInfo(path)
                 info.size, info.mode = len(data), mode

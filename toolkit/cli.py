@@ -691,7 +691,8 @@ def deploy(
             return
 
         def on_status(line: str) -> None:
-            if line.startswith(("create_endpoint ", "update_endpoint ", "delete_endpoint ")):
+            if line.split(" ", 1)[0] in {f"{verb}_{kind}" for verb in ("create", "update", "delete")
+                                         for kind in ("endpoint", "inference_component")}:  # fmt: skip
                 sent.append(line)
             update(line[-160:])
 
@@ -952,11 +953,14 @@ def endpoint_describe(source: ConfigFirst = None, config: ConfigAlias = None, as
     """Status, serving config, instances and failure reason of the config's endpoint."""
     from toolkit import sdk
 
-    description = sdk.endpoints(load(_config(source, config), None)).describe()
+    endpoints = sdk.endpoints(load(_config(source, config), None))
+    description = endpoints.describe()
     if description is None:
         fail("the endpoint does not exist: create it with `toolkit deploy`", code=2)
+    components = endpoints.components() if hasattr(endpoints, "components") else []
     if as_json:
-        emit_json({k: v for k, v in description.items() if k != "ResponseMetadata"})
+        emit_json({**{k: v for k, v in description.items() if k != "ResponseMetadata"},
+                   **({"InferenceComponents": components} if components else {})})  # fmt: skip
         return
     out.print(f"{description['EndpointName']}: {description['EndpointStatus']}", highlight=False)
     out.print(f"  config: {description['EndpointConfigName']}", highlight=False)
@@ -966,17 +970,23 @@ def endpoint_describe(source: ConfigFirst = None, config: ConfigAlias = None, as
         )
     if description.get("FailureReason"):
         out.print(f"  failure: {description['FailureReason']}", highlight=False)
+    for component in components:  # serving.weights: adapter: the base and the adapters on it
+        role = f"adapter on {component['base']}: {component['artifact']}" if component["base"] else "base"
+        out.print(f"  {component['name']} ({role}): {component['status']}", highlight=False)
 
 
 @endpoint_app.command("delete")
 def endpoint_delete(
     source: ConfigFirst = None, config: ConfigAlias = None, yes: YesOpt = False, as_json: JsonOpt = False
 ) -> None:
-    """Delete the endpoint with its config and model (the model data in S3 stays)."""
+    """Delete the endpoint with its config and model (the model data in S3 stays). serving.weights: adapter: the
+    config's adapter component, and the base and endpoint once no other adapter is on them."""
     from toolkit import sdk
 
     endpoints = sdk.endpoints(load(_config(source, config), None))
-    _confirm(f"Delete endpoint {endpoints.name}?", yes)
+    adapter = getattr(endpoints, "adapter", None)
+    _confirm(f"Delete adapter {adapter} (and endpoint {endpoints.name} if no other adapter is on it)?" if adapter
+             else f"Delete endpoint {endpoints.name}?", yes)  # fmt: skip
     deleted = endpoints.delete()
     if as_json:
         emit_json({"name": endpoints.name, "deleted": deleted})

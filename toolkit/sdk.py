@@ -269,7 +269,7 @@ def render_deploy(
     from toolkit.deploy import endpoint
 
     cfg = _as_config(config, overrides)
-    endpoints = endpoint.Endpoints(cfg)
+    endpoints = endpoint.for_config(cfg)
     planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data, True))
     return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
 
@@ -292,14 +292,15 @@ def deploy(
     cfg = _as_config(config, overrides)
     data = endpoint.model_data(cfg, model_data)
     image = _image(cfg, image_uri, on_status)
-    return endpoint.Endpoints(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
+    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
 
 
 def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Endpoints:
-    """The config's endpoint: `describe()`, `list_endpoints()`, `delete()`."""
-    from toolkit.deploy.endpoint import Endpoints
+    """The config's endpoint: `describe()`, `list_endpoints()`, `delete()` (with serving.weights: adapter also
+    `components()`: the base and adapter inference components; `delete()` removes this config's adapter)."""
+    from toolkit.deploy.endpoint import for_config
 
-    return Endpoints(_as_config(config, overrides))
+    return for_config(_as_config(config, overrides))
 
 
 def serve_local(
@@ -341,7 +342,13 @@ def chat_client(
         if cfg.serving.weights == "adapter":  # the base model plus the adapter: address the adapter
             return ChatClient.for_url(local, ADAPTER_NAME, adapter=True)
         return ChatClient.for_url(local, cfg.name)
-    return ChatClient.for_endpoint(endpoint_name(cfg), aws.client(cfg.aws, "sagemaker-runtime"), cfg.name)
+    runtime = aws.client(cfg.aws, "sagemaker-runtime")
+    if cfg.serving.weights == "adapter":  # the adapter's inference component, picked by name on the shared endpoint
+        from toolkit.deploy.adapters import adapter_component_name
+
+        component = adapter_component_name(cfg)
+        return ChatClient.for_endpoint(endpoint_name(cfg), runtime, component, component=component)
+    return ChatClient.for_endpoint(endpoint_name(cfg), runtime, cfg.name)
 
 
 def register(

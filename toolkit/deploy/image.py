@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import re
 import shutil
 import subprocess
@@ -125,23 +126,52 @@ def repository_uri(config: Config, registry: Registry, spec: ImageSpec) -> str:
     return f"{registry.host}/{name}"
 
 
-def tag_exists(registry: Registry, repository: str, tag: str) -> bool:
-    """Ask the registry itself (the Docker Registry v2 API, which ECR serves too) whether the tag is there."""
+# What SageMaker's CreateModel accepts: a Docker image manifest (schema 2) or a Docker manifest list. It refuses
+# OCI manifests and indexes ("Unsupported manifest media type application/vnd.oci.image.manifest.v1+json"),
+# which Docker's containerd image store (the default on fresh Docker Engine 29 / Docker Desktop) pushes.
+SAGEMAKER_MANIFESTS = {
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+}
+
+
+def manifest_media_type(registry: Registry, repository: str, tag: str) -> str | None:
+    """The tag's manifest media type as the registry serves it (Docker Registry v2 API, which ECR serves too:
+    GET /v2/<repository>/manifests/<tag> with the Accept list); None when the tag is not there."""
     token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
     request = urllib.request.Request(
         f"{registry.url.rstrip('/')}/v2/{repository}/manifests/{tag}",
-        method="HEAD",
         headers={"Authorization": f"Basic {token}", "Accept": MANIFEST_TYPES},
     )
     try:
-        with urllib.request.urlopen(request, timeout=30):
-            return True
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read()
+            declared = (response.headers.get("Content-Type") or "").split(";")[0].strip()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
-            return False
+            return None
         raise DeployError(f"registry {registry.host} answered {exc.code} for {repository}:{tag}") from None
     except urllib.error.URLError as exc:
         raise DeployInputError(f"cannot reach registry {registry.url}: {exc.reason}") from None
+    with contextlib.suppress(ValueError, AttributeError):
+        declared = json.loads(body).get("mediaType") or declared
+    return declared
+
+
+def tag_exists(registry: Registry, repository: str, tag: str) -> bool:
+    """Ask the registry itself whether the tag is there."""
+    return manifest_media_type(registry, repository, tag) is not None
+
+
+def check_manifest(media_type: str | None, image: str) -> None:
+    """Fail in one line, before any CreateModel, when SageMaker would refuse the pushed manifest."""
+    if media_type not in SAGEMAKER_MANIFESTS:
+        raise DeployError(
+            f"{image} was pushed with manifest type {media_type}, which SageMaker's CreateModel refuses (it takes "
+            'Docker v2 manifests): turn off Docker\'s containerd image store (daemon.json: "features": '
+            '{"containerd-snapshotter": false}) or build with buildx (the toolkit passes oci-mediatypes=false), '
+            "then delete the tag and re-run"
+        )
 
 
 def _docker(args: list[str], on_line: Callable[[str], None], stdin: str | None = None) -> None:
@@ -174,7 +204,9 @@ def build_flags(base_image: str | None) -> list[str]:
     if base_image:
         flags += ["--build-arg", f"BASE_IMAGE={base_image}"]
     buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
-    return [*flags, "--provenance=false", "--sbom=false"] if buildx else flags
+    # buildx with the containerd image store writes OCI media types unless told otherwise
+    docker_types = ["--provenance=false", "--sbom=false", "--output", "type=image,oci-mediatypes=false"]
+    return [*flags, *docker_types] if buildx else flags
 
 
 def ensure_image(
@@ -194,7 +226,10 @@ def ensure_image(
             return f"{planned_repository_uri(config, spec)}:{tag}"
         registry = login(config)
         image = f"{repository_uri(config, registry, spec)}:{tag}"
-        if tag_exists(registry, spec.repository, tag):
+        media_type = manifest_media_type(registry, spec.repository, tag)
+        if media_type is not None:
+            if kind == "serving":
+                check_manifest(media_type, image)
             report(f"{image} already in the registry: nothing to build")
             return image
         with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
@@ -208,4 +243,6 @@ def ensure_image(
                     report)  # fmt: skip
             report(f"pushing {image}")
             _docker(["--config", docker_config, "push", image], report)
+        if kind == "serving":
+            check_manifest(manifest_media_type(registry, spec.repository, tag), image)
     return image

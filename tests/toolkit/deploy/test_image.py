@@ -65,11 +65,12 @@ def test_build_push_then_skip_when_the_registry_has_the_tag(engine, registry_con
     assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
     platform = engine.docker("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", image)
     assert platform.stdout.decode().strip() == "linux/amd64"
-    # the build installed exactly the transformers the Dockerfile pins (the base's python3 records its calls)
+    # the build installed exactly the transformers the Dockerfile pins, with uv into the system Python as vLLM's
+    # image installs (the stand-in base's uv records its calls)
     calls = engine.docker("run", "--rm", "--network", "none", "--entrypoint", "/bin/sh", image, "-c",
-                          "while read -r line; do echo \"$line\"; done < /opt/python3-calls")  # fmt: skip
+                          "while read -r line; do echo \"$line\"; done < /opt/uv-calls")  # fmt: skip
     pins = dockerfile_pins()
-    assert f"-m pip install --no-cache-dir transformers=={pins['TRANSFORMERS_VERSION']}" in calls.stdout.decode()
+    assert f"pip install --system --no-cache transformers=={pins['TRANSFORMERS_VERSION']}" in calls.stdout.decode()
 
     again: list[str] = []
     assert ensure_image(registry_config, again.append) == image
@@ -246,3 +247,52 @@ def test_image_build_dry_run_needs_no_aws(kind, monkeypatch):
     repository = "toolkit-serving" if kind == "serving" else "toolkit-training"
     host = r"123456789012\.dkr\.ecr\.eu-west-1\.amazonaws\.com"
     assert re.fullmatch(rf"{host}/{repository}:(serve|train)-[0-9a-f]{{12}}\n", result.stdout), result.stdout
+
+
+def push_oci_manifest(engine, repository: str, tag: str) -> None:
+    """What Docker's containerd image store pushes (an OCI image manifest), put into the real registry over its
+    HTTP API: a config and a layer blob, then the manifest."""
+    import base64
+    import hashlib
+    import urllib.request
+
+    auth = {"Authorization": "Basic " + base64.b64encode(f"AWS:{ECR_PASSWORD}".encode()).decode()}
+
+    def blob(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        start = urllib.request.Request(f"{engine.registry_url}/v2/{repository}/blobs/uploads/", method="POST",
+                                       headers=auth, data=b"")  # fmt: skip
+        with urllib.request.urlopen(start, timeout=30) as response:
+            location = response.headers["Location"]
+        location = location if location.startswith("http") else engine.registry_url + location
+        url = f"{location}{'&' if '?' in location else '?'}digest={digest}"
+        put = urllib.request.Request(url, data=data, method="PUT",
+                                     headers={**auth, "Content-Type": "application/octet-stream"})  # fmt: skip
+        urllib.request.urlopen(put, timeout=30).close()
+        return {"digest": digest, "size": len(data)}
+
+    image_config = {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+    config = {"mediaType": "application/vnd.oci.image.config.v1+json", **blob(json.dumps(image_config).encode())}
+    layer = {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **blob(b"\x1f\x8b" + b"\0" * 18)}
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": config, "layers": [layer]}).encode()  # fmt: skip
+    oci = "application/vnd.oci.image.manifest.v1+json"
+    put = urllib.request.Request(f"{engine.registry_url}/v2/{repository}/manifests/{tag}", data=manifest,
+                                 method="PUT", headers={**auth, "Content-Type": oci})  # fmt: skip
+    urllib.request.urlopen(put, timeout=30).close()
+
+
+def test_an_oci_manifest_in_the_registry_fails_in_one_line_before_any_create_model(engine, registry_config, aws_env):
+    """The containerd image store's push (an OCI manifest), which CreateModel refuses: deploy stops with one line
+    naming the media type and the fix, and no model is created. (This dockerd, 20.10, has no containerd image store,
+    so the manifest is pushed over the registry API instead of by `docker push`.)"""
+    from toolkit import sdk
+
+    cfg = load_config("tiny-gpt-oss-local", [
+        f"aws.registry_url={engine.registry_url}", "serving.base_image=oci:1", f"aws.role={aws_env['role']}",
+        "serving.instance_type=ml.g4dn.xlarge"])  # fmt: skip
+    push_oci_manifest(engine, "toolkit-serving", context_tag(SERVING_CONTEXT, "oci:1"))
+    with pytest.raises(DeployError, match=r"manifest type application/vnd\.oci\.image\.manifest\.v1\+json, which "
+                                          r"SageMaker's CreateModel refuses .*containerd-snapshotter"):  # fmt: skip
+        sdk.deploy(cfg, model_data="s3://toolkit-test-bucket/m/model.tar.gz", poll_seconds=0)
+    assert boto3.client("sagemaker", region_name="us-east-1").list_models()["Models"] == []
