@@ -13,7 +13,7 @@ import importlib
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -39,12 +39,42 @@ class Status(StrEnum):
         return self in (Status.COMPLETED, Status.FAILED, Status.STOPPED)
 
 
+@dataclass(frozen=True, eq=False)
+class Artifacts(Mapping[str, str]):
+    """Where a completed run's outputs are, the same kinds on every target: the adapter, the merged model, and the
+    model prefix an endpoint serves where the target already has one (a training job's S3 output). Read as a
+    mapping of the kinds that are there (`for kind, where in artifacts.items()`)."""
+
+    adapter: str | None = None
+    merged: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def in_run_dir(cls, model_dir: Path) -> Artifacts:
+        """A run directory's model/ (local, the shared filesystem as this machine sees it): what is there, whole
+        (adapter/ and merged/ appear under their names only once complete)."""
+        found = {kind: str(model_dir / kind) for kind in ("adapter", "merged") if (model_dir / kind).is_dir()}
+        return cls(**found)
+
+    def _present(self) -> dict[str, str]:
+        return {kind: where for kind in ("model", "adapter", "merged") if (where := getattr(self, kind))}
+
+    def __getitem__(self, kind: str) -> str:
+        return self._present()[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._present())
+
+    def __len__(self) -> int:
+        return len(self._present())
+
+
 @dataclass
 class JobState:
     name: str
     status: Status
     detail: str = ""  # failure reason, secondary status, ...
-    artifacts: dict[str, str] = field(default_factory=dict)  # adapter / merged model locations
+    artifacts: Artifacts = field(default_factory=Artifacts)
 
 
 class Job(ABC):

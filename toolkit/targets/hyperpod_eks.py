@@ -32,7 +32,7 @@ from toolkit.aws import UPLOAD_MARKER
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, tail
+from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, TargetFailed, tail
 from toolkit.targets.hyperpod import job_dir
 from toolkit.targets.jobtree import RUN_OUTPUTS, code_archive, foreign_checkpoints, settings_file
 
@@ -244,12 +244,11 @@ class EksJob(Job):
             "Failed": Status.FAILED,
             "Running": Status.RUNNING,
         }.get(current.get("type", ""), Status.PENDING)
-        artifacts = {}
-        if status is Status.COMPLETED:  # on the shared filesystem (FSx), as the pods see it
+        artifacts = Artifacts()
+        if status is Status.COMPLETED:  # on the shared filesystem (FSx), as the pods see it: named, not looked at
             model = job_dir(self.config) / "model"
-            artifacts = {"adapter": str(model / "adapter")}
-            if self.config.training.merge_adapter:
-                artifacts["merged"] = str(model / "merged")
+            merged = str(model / "merged") if self.config.training.merge_adapter else None
+            artifacts = Artifacts(adapter=str(model / "adapter"), merged=merged)
         return JobState(self.name, status, current.get("message", current.get("type", "")), artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:

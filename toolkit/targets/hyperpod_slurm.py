@@ -23,7 +23,17 @@ from toolkit_train.settings import TORCHRUN_SHUTDOWN_ENV
 from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, TargetFailed, complete_lines, tail
+from toolkit.targets.base import (
+    Artifacts,
+    Job,
+    JobState,
+    Status,
+    Target,
+    TargetError,
+    TargetFailed,
+    complete_lines,
+    tail,
+)
 from toolkit.targets.hyperpod import job_dir, stage
 from toolkit.targets.jobtree import completed_run, upload_run_model
 
@@ -183,11 +193,7 @@ class SlurmJob(Job):
         if state == "UNKNOWN":  # aged out of slurmctld: the job directory tells
             status = Status.COMPLETED if (self.root / "model" / "run.json").exists() else Status.FAILED
         detail = failure.read_text().strip() if failure.exists() and status is Status.FAILED else state
-        artifacts = {}
-        if status is Status.COMPLETED:
-            artifacts = {
-                k: str(self.root / "model" / k) for k in ("adapter", "merged") if (self.root / "model" / k).exists()
-            }
+        artifacts = Artifacts.in_run_dir(self.root / "model") if status is Status.COMPLETED else Artifacts()
         return JobState(self.name, status, detail, artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:

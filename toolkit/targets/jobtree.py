@@ -103,13 +103,12 @@ def code_archive(config: Config) -> bytes:
 
 def completed_run(name: str, root: Path) -> JobState | None:
     """A run directory's outcome when its run is complete (run.json, written last, is there), with what it holds."""
-    from toolkit.targets.base import JobState, Status
+    from toolkit.targets.base import Artifacts, JobState, Status
 
     model = root / "model"
     if not (model / "run.json").exists():
         return None
-    held = {kind: str(model / kind) for kind in ("adapter", "merged") if (model / kind).exists()}
-    return JobState(name, Status.COMPLETED, artifacts=held)
+    return JobState(name, Status.COMPLETED, artifacts=Artifacts.in_run_dir(model))
 
 
 def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> str:

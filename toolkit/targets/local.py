@@ -24,7 +24,7 @@ from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
 
 from toolkit.config import Config
 from toolkit.resources import ENTRY_SCRIPT
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, complete_lines, tail
+from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.jobtree import (
     RunBusy,
     completed_run,
@@ -74,13 +74,8 @@ class LocalJob(Job):
         holder = run_holder(self.root)
         return None if holder is None else int(holder.get("pid", 0)) or None
 
-    def artifacts(self) -> dict[str, str]:
-        found = {}
-        for kind in ("adapter", "merged"):
-            path = self.root / "model" / kind
-            if (path / "config.json").exists() or (path / "adapter_config.json").exists():
-                found[kind] = str(path)
-        return found
+    def artifacts(self) -> Artifacts:
+        return Artifacts.in_run_dir(self.root / "model")
 
     def status(self) -> JobState:
         failure = self.root / "output" / "failure"

@@ -26,7 +26,7 @@ from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.config.targets import run_home
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
-from toolkit.targets.base import Job, JobState, Status, Target, TargetError, tail
+from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import stage_code
 
 # SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/metrics.py: the one format)
@@ -127,7 +127,7 @@ class TrainingJob(Job):
 
 def _state(description: dict) -> JobState:
     status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
-    artifacts = aws.model_artifacts(description)
+    artifacts = Artifacts(**aws.model_artifacts(description))
     detail = description.get("FailureReason", "") or description.get("SecondaryStatus", "")
     return JobState(description["TrainingJobName"], status, detail, artifacts)
 
@@ -136,7 +136,7 @@ def _record(config: Config, state: JobState) -> None:
     """Remember the latest finished job locally too (deploy also finds it through the API)."""
     path = run_home(config.name) / "training-job.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"job": state.name, "artifacts": state.artifacts}, indent=2))
+    path.write_text(json.dumps({"job": state.name, "artifacts": dict(state.artifacts)}, indent=2))
 
 
 class TrainingJobTarget(Target):

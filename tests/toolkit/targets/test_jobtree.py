@@ -75,3 +75,21 @@ def test_foreign_checkpoints_refuse_and_fresh_clears(config, tmp_path):
 def test_the_repository_holds_no_links():
     listed = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True)
     assert [line for line in listed.stdout.splitlines() if line.startswith("120000")] == []
+
+
+def test_artifacts_are_the_same_kinds_on_every_target(tmp_path):
+    """Every target fills one typed Artifacts (adapter, merged, model): a run directory by what is there, whole."""
+    from toolkit.targets.base import Artifacts
+    from toolkit.targets.jobtree import completed_run
+
+    model = tmp_path / "run" / "model"
+    (model / "adapter").mkdir(parents=True)
+    (model / "merged.partial").mkdir()  # an unfinished merge is not an artifact
+    assert completed_run("run", tmp_path / "run") is None  # no run.json: not complete
+    (model / "run.json").write_text("{}")
+    state = completed_run("run", tmp_path / "run")
+    assert state is not None and dict(state.artifacts) == {"adapter": str(model / "adapter")}
+    prefix = "s3://b/p/job/output/model/"
+    served = Artifacts(adapter=f"{prefix}adapter/", merged=f"{prefix}merged/", model=prefix)
+    assert list(served) == ["model", "adapter", "merged"] and served["model"] == prefix
+    assert served == {"model": prefix, "adapter": f"{prefix}adapter/", "merged": f"{prefix}merged/"}
