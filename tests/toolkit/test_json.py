@@ -42,7 +42,7 @@ def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
     requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json=scripted, timeout=10)
     answered = run_json("invoke", str(config), "Wie viele Minuten hat ein Tag?")
     assert answered == {"content": "1440", "reasoning": "24 x 60", "finish_reason": "stop",
-                        "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local"}  # fmt: skip
+                        "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local", "tool_calls": []}  # fmt: skip
 
 
 def test_list_verbs_print_typed_rows_not_sagemaker_keys(aws_env, tmp_path):
