@@ -130,22 +130,25 @@ def packed_gate(config, device) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
     out: dict = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        results = []
-        packed = build_packed_model(config, device, FAST_ATTENTION).to(dtype)
-        for model in (packed, unpacked_copy(packed, config, device, dtype)):
-            model = add_lora(model, LoraSettings(dropout=0.0), seed=0)
-            torch.manual_seed(5)
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    torch.nn.init.normal_(param, std=0.02)
-            results.append(_fast_grads(model, rows, device))
-        (loss, grads), (ref_loss, ref_grads) = results
-        key = str(dtype).split(".")[1]
-        out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
-        out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
-        del packed
-    out["passed"] = out["float32_grad_rel_err"] < 1e-4 and out["float32_loss_rel_diff"] < 1e-5
+    # attention LoRA, then expert LoRA too (on packed experts: beside the dequantized GEMMs, entrypoints/mxfp4_lora.py)
+    for prefix, targets in (("", []), ("experts_", EXPERT_PARAMETERS)):
+        for dtype in (torch.float32, torch.bfloat16):
+            results = []
+            packed = build_packed_model(config, device, FAST_ATTENTION).to(dtype)
+            for model in (packed, unpacked_copy(packed, config, device, dtype)):
+                model = add_lora(model, LoraSettings(dropout=0.0, target_parameters=targets), seed=0)
+                torch.manual_seed(5)
+                for name, param in model.named_parameters():
+                    if "lora_B" in name:
+                        torch.nn.init.normal_(param, std=0.02)
+                results.append(_fast_grads(model, rows, device))
+            (loss, grads), (ref_loss, ref_grads) = results
+            key = prefix + str(dtype).split(".")[1]
+            out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
+            out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
+            del packed
+    out["passed"] = all(out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5
+                        for p in ("", "experts_"))  # fmt: skip
     return out
 
 
@@ -547,6 +550,7 @@ EXPERT_LORA = {  # the same with LoRA on the MoE experts too
     "toolkit-experts-8k": "toolkit-8k",
 }
 EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on the packed experts too
 
 
 def run_one(name: str, args, device, dtype) -> dict:
@@ -561,7 +565,7 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     if name == "mxfp4-gate":
         return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
-    if name in PACKED:
+    if name.removesuffix(EXPERTS_SUFFIX) in PACKED:
         return run_packed(name, args, device)
     variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
     experts = "grouped_mm" if variant == "recipe" or name.endswith("-ref") else "toolkit_fused"
@@ -590,17 +594,26 @@ def run_packed(name: str, args, device) -> dict:
     from toolkit_train.model import add_lora
     from toolkit_train.settings import LoraSettings
 
-    size, max_length, budget, checkpointing, warmup = PACKED[name]
+    size, max_length, budget, checkpointing, warmup = PACKED[name.removesuffix(EXPERTS_SUFFIX)]
     config = gpt_oss_config(args.tiny, size=size)
-    lora = LoraSettings(r=8, alpha=16, dropout=0.0)
+    targets = EXPERT_PARAMETERS if name.endswith(EXPERTS_SUFFIX) else []
+    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
     if size == "120b":
-        lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                            target_parameters=targets)  # fmt: skip
     model = add_lora(build_packed_model(config, device, "eager"), lora, seed=0)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
                       "toolkit_fused", size)  # fmt: skip
-    return {"name": name, **row, "experts": "mxfp4 (packed)"}
+    lora_on = "attention + experts" if targets else "attention"
+    return {
+        "name": name,
+        **row,
+        "experts": "mxfp4 (packed)",
+        "lora": f"r{lora.r} {lora_on}",
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
 
 
 H100_80GB_GB = 85.52  # 81,559 MiB, the total nvidia-smi reports for an "80GB" H100 (and what a p5's GPUs have)
@@ -698,7 +711,7 @@ def run_all(args) -> None:
     results["rows"] = rows
     from common import report
 
-    table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "packing", "gc", "max_length",
+    table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "lora", "packing", "gc", "max_length",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",
                                          "peak_mem_gb", "peak_reserved_gb", "outside_allocator_gb", "gpu_memory_cap_gb",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from .settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, LoraSettings, ModelSettings
@@ -138,7 +139,33 @@ def add_lora(model, settings: LoraSettings, seed: int):
     from transformers import set_seed
 
     set_seed(seed)
-    return get_peft_model(model, lora_config(settings))
+    config = lora_config(settings)
+    with _packed_experts_as_targets(model, config):
+        return get_peft_model(model, config)
+
+
+def load_adapter(base, adapter_dir: Path | str):
+    """A saved adapter on its base model (packed MXFP4 experts too)."""
+    from peft import PeftConfig, PeftModel
+
+    config = PeftConfig.from_pretrained(str(adapter_dir))
+    with _packed_experts_as_targets(base, config):
+        return PeftModel.from_pretrained(base, str(adapter_dir), config=config)
+
+
+@contextlib.contextmanager
+def _packed_experts_as_targets(model, config):
+    """Expert LoRA on packed MXFP4 experts: peft wraps them with entrypoints/mxfp4_lora.py's PackedExpertLora."""
+    from .mxfp4 import Mxfp4Experts
+
+    if not config.target_parameters or not any(isinstance(m, Mxfp4Experts) for m in model.modules()):
+        yield
+        return
+    from .mxfp4_lora import register, targets_visible
+
+    register(config)
+    with targets_visible(model):
+        yield
 
 
 def save_merged(peft_model, tokenizer, out: Path) -> None:
@@ -151,6 +178,13 @@ def save_merged(peft_model, tokenizer, out: Path) -> None:
 
     merged = peft_model.merge_and_unload()
     packed = any(isinstance(module, Mxfp4Experts) for module in merged.modules())
+    if packed:
+        from .mxfp4_lora import merge_report
+
+        for name, seen in merge_report(merged).items():  # what requantizing the merged experts cost (README)
+            print(f"[toolkit] merged expert LoRA into MXFP4 {name}: requantization kept >= {seen['kept_min']:.1%} "
+                  f"of the update (error <= {seen['error_max']:.1%} of it); serve the adapter to keep all of it",
+                  flush=True)  # fmt: skip
     if not packed and getattr(merged.config, "quantization_config", None) is not None:
         del merged.config.quantization_config  # the experts were dequantized: saved as bf16
     merged.config.use_cache = True

@@ -10,7 +10,10 @@ to compute the input gradients (a frozen base has no weight gradients) instead o
 experts alive until then. Dequantization is exact: e2m1 values times powers of two are bf16 numbers, so
 logits and LoRA gradients equal those of a model whose experts were dequantized at load time.
 
-Expert LoRA (`lora.target_parameters`) needs trainable bf16 expert weights: use `model.experts: bf16` for it.
+Expert LoRA (`lora.target_parameters`) trains on packed experts too (entrypoints/mxfp4_lora.py): the experts stay
+frozen and packed, and each projection's LoRA runs beside its grouped GEMM as two small grouped GEMMs of its own,
+rows @ W + scaling * (rows @ A) @ B, so no bf16 copy of W (nor W + delta) outlives the layer. Merging an expert
+LoRA into the packed experts requantizes them (`Mxfp4Experts.merge_delta`), which costs accuracy: see the README.
 """
 
 from __future__ import annotations
@@ -106,6 +109,36 @@ class _PackedGroupedMM(torch.autograd.Function):
         return _grouped_mm(grad.contiguous(), weight, offs=offsets), None, None, None, None, None
 
 
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, out, in] float -> ([E, out, in/32, 16] uint8 blocks, [E, out, in/32] uint8 scales), the inverse of
+    `dequantize` up to rounding: per 32 values the smallest power-of-two scale that fits the largest |value| in e2m1's
+    range (6), then round to the nearest e2m1 value. One expert at a time (the search holds 8 candidates a value)."""
+    table = torch.tensor(FP4_VALUES[:8], device=weight.device)
+    blocks, scales = [], []
+    for expert in weight:
+        o, i = expert.shape
+        groups = expert.reshape(o, i // 32, 32)
+        amax = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+        exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+        scaled = groups / torch.exp2(exponent)
+        idx = (scaled.abs().unsqueeze(-1) - table).abs().argmin(-1)
+        idx = idx + 8 * (scaled < 0).long() * (idx > 0).long()
+        nibbles = idx.to(torch.uint8)
+        blocks.append(nibbles[..., 0::2] | (nibbles[..., 1::2] << 4))
+        scales.append((exponent.squeeze(-1) + SCALE_BIAS).to(torch.uint8))
+    return torch.stack(blocks).contiguous(), torch.stack(scales).contiguous()
+
+
+def _lora_beside(rows, offsets, factors):
+    """scaling * (rows @ A_e) @ B_e per expert: the LoRA part of rows @ (W + scaling * A @ B), as two grouped GEMMs
+    of rank width (autograd saves rows and the rank-wide middle, never a weight-sized tensor)."""
+    from transformers.integrations.moe import _grouped_mm
+
+    lhs, rhs, scaling = factors  # [E, in, r], [E, r, out] (peft's ParamWrapper.get_delta_factors)
+    middle = _grouped_mm(rows, lhs.to(rows.dtype).contiguous(), offs=offsets)
+    return _grouped_mm(middle, rhs.to(rows.dtype).contiguous(), offs=offsets) * scaling
+
+
 class Mxfp4Experts(nn.Module):
     """Drop-in for transformers' GptOssExperts with frozen MXFP4 weights (buffers named as in the checkpoint)."""
 
@@ -116,6 +149,12 @@ class Mxfp4Experts(nn.Module):
         alpha, limit = getattr(config, "swiglu_alpha", 1.702), getattr(config, "swiglu_limit", 7.0)
         self.num_experts, self.alpha, self.limit = experts, alpha, limit
         shapes = dict(zip(PROJECTIONS, [(experts, 2 * inter, hidden), (experts, hidden, inter)], strict=True))
+        # transformers' layout of each projection, [E, in, out]: what peft's target_parameters sees
+        self.parameter_shapes = {name: (e, inp, out) for name, (e, out, inp) in shapes.items()}
+        # set by entrypoints/mxfp4_lora.py's wrapper for the length of one forward: projection -> (A, B, scaling)
+        self.lora_factors: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+        self.merge_report: dict[str, dict[str, float]] = {}  # what merge_delta measured, per projection
+        self.is_transposed = False  # set from the experts module this one replaces (empty_packed_model)
         for name, (e, out, inp) in shapes.items():
             self.register_buffer(f"{name}_blocks", torch.zeros(e, out, inp // 32, 16, dtype=torch.uint8))
             self.register_buffer(f"{name}_scales", torch.zeros(e, out, inp // 32, dtype=torch.uint8))
@@ -126,19 +165,41 @@ class Mxfp4Experts(nn.Module):
 
         layer = id(self)
 
-        def gate_up(rows, offsets):
-            blocks, scales = self.gate_up_proj_blocks, self.gate_up_proj_scales
-            return _PackedGroupedMM.apply(rows, blocks, scales, offsets, "gate_up", layer)
+        def projection(name: str, slot: str):
+            def run(rows, offsets):
+                blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
+                out = _PackedGroupedMM.apply(rows, blocks, scales, offsets, slot, layer)
+                factors = self.lora_factors.get(name)
+                return out if factors is None else out + _lora_beside(rows, offsets, factors)
 
-        def down(rows, offsets):
-            return _PackedGroupedMM.apply(rows, self.down_proj_blocks, self.down_proj_scales, offsets, "down", layer)
+            return run
 
+        gate_up, down = projection("gate_up_proj", "gate_up"), projection("down_proj", "down")
         return fused_experts(self, hidden_states, router_indices, routing_weights, gate_up, down)
 
     def dequantized(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """transformers' parameter layout [E, in, out] of `gate_up_proj` or `down_proj`."""
         blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
         return dequantize(blocks, scales, dtype).transpose(1, 2)
+
+    @torch.no_grad()
+    def merge_delta(self, name: str, delta: torch.Tensor) -> dict[str, float]:
+        """Add `delta` ([E, in, out], transformers' layout) to projection `name` and requantize it to MXFP4. Returns
+        what the requantization made of the delta d: `kept` = <Q(W + d) - W, d> / |d|^2, the share of d the merged
+        weights carry (1: all of it, 0: rounded away), and `error` = |Q(W + d) - (W + d)| / |d| (norms over the
+        projection)."""
+        blocks, scales = getattr(self, f"{name}_blocks"), getattr(self, f"{name}_scales")
+        base = dequantize(blocks, scales, torch.float32)  # [E, out, in]
+        wanted = base + delta.to(base.device, torch.float32).transpose(1, 2)
+        new_blocks, new_scales = quantize(wanted)
+        blocks.copy_(new_blocks)
+        scales.copy_(new_scales)
+        merged = dequantize(blocks, scales, torch.float32)
+        intended = wanted - base
+        square = float(intended.square().sum()) or 1.0
+        kept = float(((merged - base) * intended).sum()) / square
+        size = square**0.5 / (float(base.norm()) or 1.0)  # |d| / |W|
+        return {"kept": kept, "error": float((merged - wanted).norm()) / square**0.5, "size": size}
 
 
 def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device):
@@ -149,7 +210,10 @@ def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device):
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         for layer in model.model.layers:
-            layer.mlp.experts = Mxfp4Experts(model.config, dtype)
+            packed = Mxfp4Experts(model.config, dtype)
+            # transformers' flag that its expert weights are [E, in, out] (peft lays out an expert LoRA by it)
+            packed.is_transposed = getattr(layer.mlp.experts, "is_transposed", False)
+            layer.mlp.experts = packed
     model.to_empty(device=device)
     with torch.device(device):  # non-persistent buffers: `to_empty` left them uninitialised
         model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)

@@ -226,13 +226,13 @@ def _save_mxfp4(model, out: Path) -> None:
     """Write the experts as gpt-oss's MXFP4 checkpoints do: uint8 `*_blocks` + `*_scales`."""
     from safetensors.torch import save_file
 
-    from .mxfp4 import QUANTIZATION_CONFIG
+    from .mxfp4 import QUANTIZATION_CONFIG, quantize
 
     state = {}
     for name, tensor in model.state_dict().items():
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             # HF keeps [E, in, out]; the checkpoint stores [E, out, in/32, 16] nibble pairs
-            blocks, scales = _quantize_mxfp4(tensor.transpose(1, 2).contiguous())
+            blocks, scales = quantize(tensor.transpose(1, 2).contiguous())
             state[name + "_blocks"], state[name + "_scales"] = blocks, scales
         else:
             state[name] = tensor.contiguous()
@@ -240,23 +240,3 @@ def _save_mxfp4(model, out: Path) -> None:
     config = model.config.to_dict()
     config["quantization_config"] = QUANTIZATION_CONFIG
     (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
-def _quantize_mxfp4(weight):
-    """[E, out, in] float -> ([E, out, in/32, 16] uint8 blocks, [E, out, in/32] uint8 scales)."""
-    import torch
-
-    from .mxfp4 import FP4_VALUES
-
-    e, o, i = weight.shape
-    groups = weight.reshape(e, o, i // 32, 32)
-    amax = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12)
-    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
-    scaled = groups / torch.exp2(exponent)
-    table = torch.tensor(FP4_VALUES[:8])
-    idx = (scaled.abs().unsqueeze(-1) - table).abs().argmin(-1)
-    idx = idx + 8 * (scaled < 0).long() * (idx > 0).long()
-    nibbles = idx.to(torch.uint8)
-    blocks = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
-    scales = (exponent.squeeze(-1) + 127).to(torch.uint8)
-    return blocks.contiguous(), scales.contiguous()

@@ -648,12 +648,10 @@ def check_ranks_agree(model) -> None:
 
 def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> None:
     """Reload the base on CPU and merge the saved adapter: the same path for DDP and FSDP runs."""
-    from peft import PeftModel
-
-    from .model import load_model, save_merged
+    from .model import load_adapter, load_model, save_merged
 
     base = load_model(settings.model, device_map="cpu")
-    model = PeftModel.from_pretrained(base, str(adapter_dir))
+    model = load_adapter(base, adapter_dir)
     save_merged(model, tokenizer, out)
     fault_point("merge")  # written, not yet under its name
 

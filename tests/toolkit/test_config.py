@@ -144,10 +144,6 @@ def test_schema_validates_every_shipped_yaml(source):
 
 BROKEN = [
     (
-        {"model": {"id": "openai/gpt-oss-20b", "experts": "mxfp4"}},
-        "remove lora.target_parameters or set model.experts: bf16",
-    ),
-    (
         {
             "model": {"id": "openai/gpt-oss-20b", "experts": "mxfp4"},
             "lora": {"target_parameters": []},
