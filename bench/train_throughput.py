@@ -130,7 +130,7 @@ def packed_gate(config, device) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
     out: dict = {}
-    # attention LoRA, then expert LoRA too (on packed experts: beside the dequantized GEMMs, entrypoints/mxfp4_lora.py)
+    # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, toolkit_train/mxfp4_lora.py)
     for prefix, targets in (("", []), ("experts_", EXPERT_PARAMETERS)):
         for dtype in (torch.float32, torch.bfloat16):
             results = []

@@ -155,7 +155,7 @@ def load_adapter(base, adapter_dir: Path | str):
 
 @contextlib.contextmanager
 def _packed_experts_as_targets(model, config):
-    """Expert LoRA on packed MXFP4 experts: peft wraps them with entrypoints/mxfp4_lora.py's PackedExpertLora."""
+    """Expert LoRA on packed MXFP4 experts: peft wraps them with toolkit_train/mxfp4_lora.py's PackedExpertLora."""
     from .mxfp4 import Mxfp4Experts
 
     if not config.target_parameters or not any(isinstance(m, Mxfp4Experts) for m in model.modules()):

@@ -10,7 +10,7 @@ to compute the input gradients (a frozen base has no weight gradients) instead o
 experts alive until then. Dequantization is exact: e2m1 values times powers of two are bf16 numbers, so
 logits and LoRA gradients equal those of a model whose experts were dequantized at load time.
 
-Expert LoRA (`lora.target_parameters`) trains on packed experts too (entrypoints/mxfp4_lora.py): the experts stay
+Expert LoRA (`lora.target_parameters`) trains on packed experts too (toolkit_train/mxfp4_lora.py): the experts stay
 frozen and packed, and each projection's LoRA runs beside its grouped GEMM as two small grouped GEMMs of its own,
 rows @ W + scaling * (rows @ A) @ B, so no bf16 copy of W (nor W + delta) outlives the layer. Merging an expert
 LoRA into the packed experts requantizes them (`Mxfp4Experts.merge_delta`), which costs accuracy: see the README.
@@ -151,7 +151,7 @@ class Mxfp4Experts(nn.Module):
         shapes = dict(zip(PROJECTIONS, [(experts, 2 * inter, hidden), (experts, hidden, inter)], strict=True))
         # transformers' layout of each projection, [E, in, out]: what peft's target_parameters sees
         self.parameter_shapes = {name: (e, inp, out) for name, (e, out, inp) in shapes.items()}
-        # set by entrypoints/mxfp4_lora.py's wrapper for the length of one forward: projection -> (A, B, scaling)
+        # set by toolkit_train/mxfp4_lora.py's wrapper for the length of one forward: projection -> (A, B, scaling)
         self.lora_factors: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
         self.merge_report: dict[str, dict[str, float]] = {}  # what merge_delta measured, per projection
         self.is_transposed = False  # set from the experts module this one replaces (empty_packed_model)

@@ -288,7 +288,7 @@ def test_merging_expert_lora_into_mxfp4_requantizes_and_costs_what_is_measured()
                 base = model(input_ids=ids).logits
             merged_model = model.merge_and_unload()
             merged = merged_model(input_ids=ids).logits
-        from toolkit.entrypoints.mxfp4_lora import merge_report
+        from toolkit_train.mxfp4_lora import merge_report
 
         report = merge_report(merged_model)
         blocks = merged_model.model.layers[0].mlp.experts.gate_up_proj_blocks
@@ -307,10 +307,9 @@ def test_entrypoint_trains_resumes_and_merges_expert_lora_on_packed_experts(tmp_
     import shutil
 
     from peft import PeftModel
+    from toolkit_train.model import load_adapter
+    from toolkit_train.tiny_model import tiny_gpt_oss_path
     from transformers import AutoModelForCausalLM, Mxfp4Config
-
-    from toolkit.entrypoints.model import load_adapter
-    from toolkit.entrypoints.tiny_model import tiny_gpt_oss_path
 
     overrides = [f"model.id={TINY_MXFP4}", "model.experts=mxfp4", "training.max_steps=4", "training.save_steps=2"]
     root = lay_out(tmp_path, overrides)

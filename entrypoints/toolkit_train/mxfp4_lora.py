@@ -2,7 +2,7 @@
 
 peft adapts a 3-D expert parameter with `lora.ParamWrapper`: for each forward it parametrizes the parameter as
 W + scaling * A @ B, which needs W as a real tensor (and builds a weight-sized sum). Packed experts have no such
-parameter: W exists only for a moment inside each grouped GEMM (entrypoints/mxfp4.py). `PackedExpertLora` is that
+parameter: W exists only for a moment inside each grouped GEMM (toolkit_train/mxfp4.py). `PackedExpertLora` is that
 same ParamWrapper (same adapter modules, state-dict keys, adapter_config.json, hence what vLLM's MoE-LoRA loads:
 `experts.base_layer` = gate_up_proj, `experts` = down_proj) with two changes: its forward hands the factors (A, B,
 scaling) to the packed experts, which add scaling * (rows @ A) @ B beside their dequantized GEMM; and its merge adds
