@@ -89,7 +89,7 @@ class ModelSettings(StrictModel):
         description="gpt-oss MXFP4 checkpoints: bf16 = experts dequantized at load (trainable with expert LoRA); "
         "mxfp4 = experts kept packed on the GPU and dequantized per layer on the fly (4x less memory: "
         "gpt-oss-120b fits one GPU; frozen experts, LoRA on attention only; ddp; the merged model stays MXFP4). "
-        "bf16 is the default where it fits (20b: 8% more tokens/s than mxfp4); where it does not fit a GPU "
+        "bf16 is the default where it fits (faster: docs/performance.md); where it does not fit a GPU "
         "under ddp, the config check says to use mxfp4.",
     )
 
@@ -226,7 +226,7 @@ class TrainingSettings(StrictModel):
     )
     compile_layers: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile each decoder layer (one H200, 20b shape: 23.8k vs 17.4k tokens/s). auto: on "
+        description="torch.compile each decoder layer (faster: docs/performance.md). auto: on "
         "for packed ddp training on a GPU without recomputation, expert LoRA or MXFP4 experts (the combination the "
         "bench's correctness gate checks), off elsewhere; the first steps are slower while the layers compile.",
     )
