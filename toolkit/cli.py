@@ -212,7 +212,7 @@ def config_schema() -> None:
 
 @config_app.command("reference")
 def config_reference() -> None:
-    """Print the config reference as Markdown (the README's reference is this output)."""
+    """Print the config reference as Markdown (docs/config-reference.md embeds this output)."""
     from toolkit.config.reference import markdown
 
     sys.stdout.write(markdown())

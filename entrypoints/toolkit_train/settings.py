@@ -93,7 +93,7 @@ class ModelSettings(StrictModel):
         "gpt-oss-120b fits one GPU; ddp; expert LoRA runs beside the packed experts; the merged model stays MXFP4, "
         "and merging an expert LoRA requantizes the experts, which rounds much of its update away: serve the "
         "adapter). "
-        "bf16 is the default where it fits (20b: 8% more tokens/s than mxfp4); where it does not fit a GPU "
+        "bf16 is the default where it fits (faster: docs/performance.md); where it does not fit a GPU "
         "under ddp, the config check says to use mxfp4.",
     )
 
@@ -274,7 +274,7 @@ class TrainingSettings(StrictModel):
     )
     compile_layers: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile each decoder layer (one H200, 20b shape: 23.8k vs 17.4k tokens/s). auto: on "
+        description="torch.compile each decoder layer (faster: docs/performance.md). auto: on "
         "for packed ddp training on a GPU without recomputation, expert LoRA or MXFP4 experts (the combination the "
         "bench's correctness gate checks), off elsewhere; the first steps are slower while the layers compile.",
     )

@@ -1,4 +1,4 @@
-"""bench/memory_peak.py's replay (the README's 120b memory findings rest on it); recording needs CUDA, so the
+"""bench/memory_peak.py's replay (docs/performance.md's 120b memory findings rest on it); recording needs CUDA, so the
 allocator's trace here is written by hand in its format (torch.cuda.memory._snapshot()["device_traces"])."""
 
 from __future__ import annotations

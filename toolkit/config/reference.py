@@ -1,4 +1,5 @@
-"""The config reference in Markdown, generated from the models (the README embeds it; a test keeps it current)."""
+"""The config reference in Markdown, generated from the models (docs/config-reference.md embeds it; a test keeps it
+current)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def update_readme(path: str = "README.md") -> None:
-    """Rewrite the reference block of a README in place: `python -m toolkit.config.reference README.md`."""
+def update_readme(path: str = "docs/config-reference.md") -> None:
+    """Rewrite the reference block of a page in place: `python -m toolkit.config.reference [PATH]`."""
     from pathlib import Path
 
     readme = Path(path)
