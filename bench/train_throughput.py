@@ -16,6 +16,7 @@ gradients with the recipe path's on the same rows. Prints a table; writes bench/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -272,8 +273,10 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    profiler = _profiler(trainer, warmup, steps)
     try:
-        trainer.train()
+        with profiler or contextlib.nullcontext():
+            trainer.train()
     except torch.OutOfMemoryError:
         return {"variant": variant, "gc": checkpointing, "tokens_per_step": budget if variant != "recipe" else 1,
                 "error": "out of memory"}  # fmt: skip
@@ -301,7 +304,68 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         # the CUDA context, kernels and libraries' workspaces: the rest of what a GPU must have
         "outside_allocator_gb": round(outside_allocator_bytes() / 1e9, 1) if torch.cuda.is_available() else 0,
         **({"memory_at_peak": MEMORY_AT_PEAK} if MEMORY_AT_PEAK else {}),
+        **({"profile": kernel_profile(profiler)} if profiler else {}),
         "mfu": round(rate * flops_per_token(checkpointing, size, max_length) / PEAK_BF16_FLOPS, 3),
+    }
+
+
+# --profile: GPU time of the measured steps by kernel class, from kernel names (torch.profiler; the warm-up and
+# compile steps are skipped). The classes are what a lever would act on; "other" is listed by its top kernels.
+KERNEL_CLASSES = [
+    ("expert GEMMs (grouped)", ("grouped_mm", "grouped_gemm", "gmm", "ptr_array", "group_gemm")),
+    ("attention", ("flex_attention", "flash", "fmha", "attention", "sdpa")),
+    ("dense GEMMs (projections, LoRA, lm_head)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "sm90")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("MXFP4 dequantization", ("mxfp4", "dequant", "e2m1")),
+    ("communication", ("nccl",)),
+]
+PROFILE = False
+
+
+def _profiler(trainer, warmup: int, steps: int):
+    if not PROFILE or not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from transformers import TrainerCallback
+
+    active = max(steps - 1, 1)
+    prof = profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=warmup, warmup=1, active=active))
+
+    class Step(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            prof.step()
+
+    trainer.add_callback(Step())
+    prof.steps_profiled = active  # type: ignore[attr-defined]
+    return prof
+
+
+def kernel_profile(prof) -> dict:
+    """Per-step GPU milliseconds by kernel class, and the top kernels of each class."""
+    totals: dict[str, float] = {}
+    top: dict[str, list] = {}
+    for event in prof.key_averages():
+        micros = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+        if not micros or event.key.startswith("ProfilerStep"):
+            continue
+        name = event.key.lower()
+        kind = next((label for label, keys in KERNEL_CLASSES if any(k in name for k in keys)), "other (elementwise, "
+                    "fused triton, copies, reductions)")  # fmt: skip
+        totals[kind] = totals.get(kind, 0.0) + micros
+        top.setdefault(kind, []).append((micros, event.key[:90]))
+    steps = prof.steps_profiled
+    whole = sum(totals.values()) or 1.0
+    return {
+        "steps": steps,
+        "gpu_ms_per_step": round(whole / 1000 / steps, 1),
+        "classes": {
+            kind: {
+                "ms_per_step": round(us / 1000 / steps, 1),
+                "share": round(us / whole, 3),
+                "top": [name for _, name in sorted(top[kind], reverse=True)[:4]],
+            }
+            for kind, us in sorted(totals.items(), key=lambda kv: -kv[1])
+        },
     }
 
 
@@ -639,10 +703,12 @@ def main() -> None:
     parser.add_argument("--gpu-memory-gb", type=float, default=0.0,
                         help=f"run as on a GPU of this many GB in all ({H100_80GB_GB}: an H100 80GB)")  # fmt: skip
     parser.add_argument("--memory-peak", action="store_true", help="what is alive at the last step's peak, by size")
+    parser.add_argument("--profile", action="store_true", help="GPU time by kernel class (torch.profiler)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
-    global FAST_ATTENTION, MEMORY_AT_PEAK
+    global FAST_ATTENTION, MEMORY_AT_PEAK, PROFILE
+    PROFILE = args.profile
     if args.tiny:
         FAST_ATTENTION = "eager"
     if args.memory_peak and not args.tiny:
@@ -682,7 +748,7 @@ def run_all(args) -> None:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), "--gpu-memory-gb", str(args.gpu_memory_gb),
-                   *(["--memory-peak"] if args.memory_peak else []),
+                   *(["--memory-peak"] if args.memory_peak else []), *(["--profile"] if args.profile else []),
                    *(["--tiny"] if args.tiny else [])]  # fmt: skip
         env = dict(os.environ) if world > 1 or args.tiny else dict(os.environ, CUDA_VISIBLE_DEVICES="0")
         done = subprocess.run(command, capture_output=True, text=True, env=env)
