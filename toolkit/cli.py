@@ -748,7 +748,14 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
         with status("checking that vLLM renders prompts as training did ..."):
             problems = sdk.prompt_drift(cfg, server.url)
     except (KeyboardInterrupt, Exception):
+        import time
+
+        deadline = time.monotonic() + 10  # a server killed mid-check is reaped a moment after its socket closes
+        while (died := server.process.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         server.stop()
+        if died is not None:  # the server went away during the check: say so, as when it dies while serving
+            fail(f"the server exited with {died}; its log ends:\n{server.log_tail()}", code=1)
         raise
     if problems:
         server.stop()

@@ -189,6 +189,8 @@ class ChatClient:
                 raise DeployError(f"{route} answered {exc.code}: {exc.read().decode(errors='replace')[:500]}") from None
             except urllib.error.URLError as exc:
                 raise DeployInputError(f"cannot reach {route}: {exc.reason} (is the server running?)") from None
+            except (http.client.HTTPException, OSError) as exc:  # accepted, then gone before its reply
+                raise DeployError(f"{route} closed the connection before replying ({exc!r})") from None
 
         def send(body: dict) -> dict:
             with post(body) as response:
