@@ -84,15 +84,24 @@ def test_every_row_names_real_settings_and_values():
         annotation = paths[scope.on].annotation
         if typing.get_origin(annotation) is list:
             annotation = typing.get_args(annotation)[0]
-        allowed = set(typing.get_args(annotation)) or {True, False}
+        allowed = set(_choices(scope.on, annotation))
         assert set(scope.values) <= allowed, f"SCOPES row {path!r}: {scope.on} is never {scope.values}"
+
+
+def _choices(on: str, annotation) -> tuple:
+    """A field's closed set: a Literal's values, the registered targets for `target`, else a bool's."""
+    from toolkit.config.targets import TARGET_SETTINGS
+
+    if on == "target":
+        return tuple(TARGET_SETTINGS)
+    return typing.get_args(annotation) or (True, False)
 
 
 def _elsewhere(on: str, values: tuple) -> str:
     annotation = ({"target": Config.model_fields["target"]} | {p: f for p, f, _ in _fields(Config)})[on].annotation
     if typing.get_origin(annotation) is list:
         return "[]"
-    choices = typing.get_args(annotation) or (True, False)
+    choices = _choices(on, annotation)
     other = next(c for c in choices if c not in values)
     return str(other).lower() if isinstance(other, bool) else str(other)
 
