@@ -32,6 +32,7 @@ runner = CliRunner()
 @pytest.fixture(autouse=True)
 def price_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(limits, "_cache_file", lambda: tmp_path / "prices.json")  # no answer another test cached
+    monkeypatch.setattr(limits, "_unreachable", set())  # nor a region an earlier test in this process found offline
 
 
 def test_the_shipped_throughput_table_is_the_one_built_from_bench_results():
