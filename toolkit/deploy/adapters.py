@@ -30,7 +30,7 @@ from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.names import sagemaker_name_problem
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
-from toolkit.deploy.endpoint import VARIANT, Endpoints, EndpointState, Request, _digest
+from toolkit.deploy.endpoint import VARIANT, Endpoints, EndpointState, Request, _digest, production_variant
 
 COMPONENT_BUSY = {"Creating", "Updating", "Deleting"}
 ARCHIVE = "adapter.tar.gz"
@@ -192,16 +192,7 @@ class AdapterEndpoints(Endpoints):
 
     def _config_request(self) -> Request:
         """Instances for inference components: no model in the variant; the timeouts go to the base component."""
-        serving = self.config.serving
-        variant: dict[str, Any] = {
-            "VariantName": VARIANT,
-            "InstanceType": serving.instance_type,
-            "InitialInstanceCount": serving.instance_count,
-            "RoutingConfig": {"RoutingStrategy": serving.routing},
-            "InferenceAmiVersion": serving.inference_ami_version,
-        }
-        if serving.volume_size_gb:
-            variant["VolumeSizeInGB"] = serving.volume_size_gb
+        variant = production_variant(self.config.serving)
         return Request("create_endpoint_config", {"ExecutionRoleArn": self.config.aws.role,
                                                   "ProductionVariants": [variant], "Tags": self._tags()})  # fmt: skip
 

@@ -133,17 +133,10 @@ class Endpoints:
 
     def _config_request(self) -> Request:
         serving = self.config.serving
-        variant: dict[str, Any] = {
-            "VariantName": VARIANT,
-            "InstanceType": serving.instance_type,
-            "InitialInstanceCount": serving.instance_count,
+        variant = production_variant(serving) | {
             "ContainerStartupHealthCheckTimeoutInSeconds": serving.startup_timeout_seconds,
             "ModelDataDownloadTimeoutInSeconds": serving.download_timeout_seconds,
-            "RoutingConfig": {"RoutingStrategy": serving.routing},
-            "InferenceAmiVersion": serving.inference_ami_version,
         }
-        if serving.volume_size_gb:
-            variant["VolumeSizeInGB"] = serving.volume_size_gb
         return Request("create_endpoint_config", {"ProductionVariants": [variant], "Tags": self._tags()})
 
     def _endpoint_requests(self, config_name: str) -> list[Request]:
@@ -345,6 +338,21 @@ def model_data_fields(model_data: str) -> dict[str, Any]:
         return {"ModelDataSource": {"S3DataSource": {"S3Uri": model_data, "S3DataType": "S3Prefix",
                                                      "CompressionType": "None"}}}  # fmt: skip
     return {"ModelDataUrl": model_data}
+
+
+def production_variant(serving: Any) -> dict[str, Any]:
+    """The endpoint config's one variant: its instances (type, count, routing, AMI, volume). A model's variant adds
+    the container timeouts; inference components carry their own."""
+    variant: dict[str, Any] = {
+        "VariantName": VARIANT,
+        "InstanceType": serving.instance_type,
+        "InitialInstanceCount": serving.instance_count,
+        "RoutingConfig": {"RoutingStrategy": serving.routing},
+        "InferenceAmiVersion": serving.inference_ami_version,
+    }
+    if serving.volume_size_gb:
+        variant["VolumeSizeInGB"] = serving.volume_size_gb
+    return variant
 
 
 class NothingToServe(DeployInputError, TargetError):
