@@ -124,8 +124,8 @@ class Job(ABC):
             except KeyboardInterrupt:
                 if not self.stops_on_interrupt:
                     raise JobDetached(self.name) from None
-            each("[toolkit] interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)")
-            with _interrupts_call(self._stop_now):
+            with _interrupts_call(self._stop_now):  # before the notice: a second interrupt may follow it at once
+                each(INTERRUPT_NOTICE)
                 self.stop()
                 raise JobInterrupted(self.wait(each))
 
@@ -161,6 +161,9 @@ class Target(ABC):
         """The S3 prefix an endpoint serves for the newest completed run, made available there once (uploaded or
         exported from where the target keeps it); a dry run names it and moves nothing. `TargetError` (saying
         how to get one) when there is no completed run."""
+
+
+INTERRUPT_NOTICE = "[toolkit] interrupted: asking the job to checkpoint and stop ... (interrupt again to stop at once)"
 
 
 class JobDetached(KeyboardInterrupt):
