@@ -109,22 +109,40 @@ def reply_from(body: dict) -> ChatReply:
                      body.get("usage") or {}, body.get("model") or "", calls)  # fmt: skip
 
 
+STREAM_END = b"[DONE]"  # the last event of every OpenAI-style stream: a reply without it was cut off
+
+
 def deltas_from(chunks: Iterable[bytes]) -> Iterator[Delta]:
-    """Server-sent events (`data: {...}` lines, split anywhere across chunks) -> reasoning/content deltas."""
+    """Server-sent events (`data: {...}` lines, split anywhere across chunks) -> reasoning/content deltas.
+
+    A stream that ends before its end event broke off, however the transport ended: a server killed mid-reply
+    can close its connection as cleanly as one that finished, so the end event, not the socket, says it is whole.
+    """
     buffer = b""
+    ended = False
     for chunk in chunks:
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
+            ended = ended or _payload(line) == STREAM_END
             yield from _delta(line.strip())
+    ended = ended or _payload(buffer) == STREAM_END
     yield from _delta(buffer.strip())
+    if not ended:
+        raise DeployError(
+            "the reply broke off before its end (no closing [DONE] event): the server stopped or crashed "
+            "mid-reply; check that it still runs (its log) and ask again"
+        )
+
+
+def _payload(line: bytes) -> bytes | None:
+    line = line.strip()
+    return line[len(b"data:") :].strip() if line.startswith(b"data:") else None
 
 
 def _delta(line: bytes) -> Iterator[Delta]:
-    if not line.startswith(b"data:"):
-        return
-    payload = line[len(b"data:") :].strip()
-    if payload == b"[DONE]":
+    payload = _payload(line)
+    if payload is None or payload == STREAM_END:
         return
     event = json.loads(payload)
     if "error" in event:
