@@ -9,8 +9,8 @@ POST /adapters {"name", "src"} and selects it per request with the X-Amzn-SageMa
 Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 ->
 --tensor-parallel-size 8; "true" -> a bare flag; "false" -> --no-<flag>, vLLM's BooleanOptionalAction form).
 --max-lora-rank: the adapter's rank (adapter_config.json `r`) or TOOLKIT_LORA_RANK, rounded up to a rank vLLM
-allows. gpt-oss gets its reasoning and tool-call parsers by default. Exit code 2 with a message when the model
-directory is missing, empty or unreadable.
+allows. A model family's flags come by default (gpt-oss: its reasoning and tool-call parsers). Exit code 2
+with a message when the model directory is missing, empty or unreadable.
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ OWN = {"SM_VLLM_HOST", "SM_VLLM_PORT", "SM_VLLM_BASE_MODEL", "SM_VLLM_ADAPTER_NA
 RANK = "TOOLKIT_LORA_RANK"  # the adapters' rank, when no adapter is in the model directory (a base component)
 # vLLM 0.32's allowed --max-lora-rank values (vllm/config/lora.py: MaxLoRARanks); its default is 16
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-GPT_OSS_DEFAULTS = {
-    "--reasoning-parser": "openai_gptoss",
-    "--tool-call-parser": "openai",
-    "--enable-auto-tool-choice": None,
+# vLLM flags by model family: config.json model_type -> (the name marker of its hub ids, flags). The image runs
+# no toolkit code, so this is a copy of the families' records (toolkit_train/families.py); a test ties the two.
+FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
+    "gpt_oss": (
+        "gpt-oss",
+        {"--reasoning-parser": "openai_gptoss", "--tool-call-parser": "openai", "--enable-auto-tool-choice": None},
+    ),
 }
 
 
@@ -106,10 +109,11 @@ def command(env: dict[str, str]) -> list[str]:
         path = model_path(root)
         model = str(path)
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
-    if model_type == "gpt_oss" or "gpt-oss" in model:
-        for flag, value in GPT_OSS_DEFAULTS.items():
-            if flag not in flags:
-                flags += [flag] if value is None else [flag, value]
+    for family_type, (marker, defaults) in FAMILY_DEFAULTS.items():
+        if model_type == family_type or marker in model.lower():
+            for flag, value in defaults.items():
+                if flag not in flags:
+                    flags += [flag] if value is None else [flag, value]
     host, port = env.get("SM_VLLM_HOST", "0.0.0.0"), env.get("SM_VLLM_PORT", "8080")
     return ["vllm", "serve", model, "--host", host, "--port", port, *flags]
 

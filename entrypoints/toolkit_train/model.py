@@ -69,7 +69,7 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     }
     if device_map is not None:
         kwargs["device_map"] = device_map
-    if settings.is_gpt_oss:
+    if settings.family.fused_experts:
         from .moe import register
 
         register()

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .families import ModelFamily, family_of, known_family
+
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
@@ -20,10 +22,6 @@ BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
 SAMPLES = {SAMPLE_DATASET: "multilingual-thinking.jsonl", TOOL_SAMPLE_DATASET: "tool-calling.jsonl"}  # samples/
-# What LoRA can adapt in gpt-oss (transformers' GptOssForCausalLM): the attention projections (and the embeddings
-# and LM head, rarely wanted), and the MoE experts as 3-D parameters; the router is not an nn.Linear.
-GPT_OSS_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head")
-GPT_OSS_EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 # ...with a client made for the job's region, which the toolkit passes too (a container need not know its region;
@@ -42,15 +40,6 @@ FAILED_PREFIX = "[toolkit] FAILED: "
 STOP_WINDOW_SECONDS = 120
 RANK_SHUTDOWN_SECONDS = STOP_WINDOW_SECONDS - 15
 TORCHRUN_SHUTDOWN_ENV = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_SHUTDOWN_SECONDS)}
-
-
-def local_model_type(model_id: str) -> str | None:
-    """`model_type` of a checkpoint directory on this machine (its config.json); None for hub ids and for paths
-    that exist only where the job runs (e.g. a cluster's /fsx)."""
-    try:
-        return json.loads((Path(model_id).expanduser() / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 class StrictModel(BaseModel):
@@ -98,19 +87,15 @@ class ModelSettings(StrictModel):
     )
 
     @property
-    def is_gpt_oss(self) -> bool:
-        """By name, or by the config of a checkpoint directory here (a local copy need not be named gpt-oss)."""
-        return "gpt-oss" in self.id.lower() or local_model_type(self.id) == "gpt_oss"
+    def family(self) -> ModelFamily:
+        """By name, or by the config of a checkpoint directory here (a local copy need not be named like it)."""
+        return family_of(self.id)
 
     @property
-    def known_not_gpt_oss(self) -> bool:
-        """Certainly another architecture: a hub id not named gpt-oss, or a checkpoint here of another type. A path
-        that is not on this machine is not known (the job's load checks it there)."""
-        if self.is_gpt_oss:
-            return False
-        if self.is_path:
-            return local_model_type(self.id) is not None
-        return True
+    def known_family(self) -> ModelFamily | None:
+        """The family where it can be told here; None for a directory that exists only where the job runs (the
+        job's load checks it there)."""
+        return known_family(self.id, self.is_path)
 
     @property
     def is_path(self) -> bool:
@@ -130,10 +115,11 @@ class ModelSettings(StrictModel):
     def _gpt_oss_attention(self) -> ModelSettings:
         if self.id.startswith(BUILTIN_PREFIX) and self.id not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {self.id!r}; builtins: {', '.join(BUILTIN_MODELS)}")
-        if self.is_gpt_oss and self.attn_implementation == "sdpa":
+        allowed = self.family.attention_kernels
+        if allowed is not None and self.attn_implementation not in ("auto", *allowed):
             raise ValueError(
-                "gpt-oss uses attention sinks, which sdpa does not support: "
-                "set model.attn_implementation to 'eager' or 'flex_attention'"
+                f"{self.family.attention_reason}: set model.attn_implementation to "
+                + " or ".join(f"'{kernel}'" for kernel in allowed)
             )
         return self
 
@@ -326,21 +312,23 @@ class TrainSettings(StrictModel):
 
     @model_validator(mode="after")
     def _lora_targets_exist(self) -> TrainSettings:
-        """gpt-oss's names: a LoRA target it does not have would be ignored (with expert LoRA, silently)."""
-        if not self.model.is_gpt_oss:
+        """The family's names: a LoRA target the model does not have would be ignored (expert LoRA: silently)."""
+        family = self.model.family
+        if family.lora_modules is None:
             return self
         modules = self.lora.target_modules if isinstance(self.lora.target_modules, list) else []
-        unknown = sorted(set(modules) - set(GPT_OSS_LORA_MODULES))
+        unknown = sorted(set(modules) - set(family.lora_modules))
         if unknown:
             raise ValueError(
-                f"lora.target_modules: gpt-oss has no module(s) {', '.join(unknown)}; its LoRA-able modules are "
-                f"{', '.join(GPT_OSS_LORA_MODULES)} (the experts are 3-D parameters: lora.target_parameters)"
+                f"lora.target_modules: {family.name} has no module(s) {', '.join(unknown)}; its LoRA-able modules "
+                f"are {', '.join(family.lora_modules)}"
+                + (" (the experts are 3-D parameters: lora.target_parameters)" if family.expert_parameters else "")
             )
-        unknown = sorted(set(self.lora.target_parameters) - set(GPT_OSS_EXPERT_PARAMETERS))
+        unknown = sorted(set(self.lora.target_parameters) - set(family.expert_parameters))
         if unknown:
             raise ValueError(
-                f"lora.target_parameters: gpt-oss has no parameter(s) {', '.join(unknown)}; use "
-                f"{', '.join(GPT_OSS_EXPERT_PARAMETERS)}"
+                f"lora.target_parameters: {family.name} has no parameter(s) {', '.join(unknown)}; use "
+                f"{', '.join(family.expert_parameters) or 'none (it has no 3-D expert parameters)'}"
             )
         return self
 
@@ -348,7 +336,8 @@ class TrainSettings(StrictModel):
     def _packed_experts_fit(self) -> TrainSettings:
         if self.model.experts != "mxfp4":
             return self
-        if self.model.known_not_gpt_oss or self.model.id == TINY_GPT_OSS:
+        family = self.model.known_family
+        if (family is not None and not family.packed_mxfp4) or self.model.id == TINY_GPT_OSS:
             raise ValueError(
                 f"model.experts: mxfp4 is for gpt-oss MXFP4 checkpoints; {self.model.id} is not one: set "
                 f"model.experts: bf16 (or model.id: {TINY_GPT_OSS_MXFP4} to try it)"

@@ -219,7 +219,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
     if t.distributed == "fsdp":
         extra["fsdp"] = f"{t.fsdp_sharding} auto_wrap"
         extra["fsdp_config"] = {
-            "transformer_layer_cls_to_wrap": ["GptOssDecoderLayer"] if settings.model.is_gpt_oss else None,
+            "transformer_layer_cls_to_wrap": [layer] if (layer := settings.model.family.decoder_layer) else None,
             "use_orig_params": True,
             "activation_checkpointing": use_checkpointing(settings),
             "state_dict_type": "SHARDED_STATE_DICT",

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from toolkit_train import mxfp4
+from toolkit_train.families import GPT_OSS
 from toolkit_train.model import add_lora, load_model, resolve_model_path
 from toolkit_train.settings import LoraSettings, ModelSettings
 
@@ -212,7 +213,7 @@ def test_a_local_checkpoint_is_recognised_by_its_config_not_its_name(tmp_path):
     base = tmp_path / "base"
     base.symlink_to(resolve_model_path(ModelSettings(id=TINY_MXFP4)))
     local = settings(str(base))
-    assert local.model.is_gpt_oss
+    assert local.model.family is GPT_OSS
     experts = load_model(local.model).model.layers[0].mlp.experts
     assert isinstance(experts, mxfp4.Mxfp4Experts)
     assert settings("/fsx/models/base").model.id == "/fsx/models/base"  # not here: checked where the job runs

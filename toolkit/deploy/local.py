@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from toolkit_train.families import ModelFamily
+
 from toolkit.config import Config
 from toolkit.config.targets import run_home
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
@@ -61,16 +63,17 @@ def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
     return root.resolve()
 
 
-def _adapter_on_gpt_oss(model: Path) -> bool:
+def _adapter_family(model: Path) -> ModelFamily | None:
+    """The family of the base an adapter in this model directory was trained on; None without an adapter."""
     import json
 
     from toolkit_train.settings import ModelSettings
 
     try:
         base = json.loads((model / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")
-        return bool(base) and ModelSettings(id=base).is_gpt_oss
+        return ModelSettings(id=base).family if base else None
     except (OSError, ValueError):  # no adapter (yet), or a base no settings accept: pydantic's errors are ValueErrors
-        return False
+        return None
 
 
 def _has_gpu(python: str) -> bool:
@@ -125,9 +128,10 @@ class LocalServer:
         """What start() runs: the command, the serving settings (beyond this environment) and where it logs."""
         python = python or configured_python(self.config)
         gpu = _has_gpu(python)
-        if not gpu and self.config.serving.weights == "adapter" and _adapter_on_gpt_oss(self.model):
+        family = _adapter_family(self.model) if self.config.serving.weights == "adapter" else None
+        if not gpu and family is not None and family.lora_serving_needs_gpu:
             raise DeployError(
-                "vLLM serves LoRA on gpt-oss (MoE) only on a GPU: on this machine serve the merged model "
+                f"vLLM serves LoRA on {family.name} (MoE) only on a GPU: on this machine serve the merged model "
                 "(serving.weights: merged; training.merge_adapter: true)"
             )
         settings = {

@@ -1,0 +1,81 @@
+"""Model families: what the toolkit knows about an architecture, one record each, so that the code asks a
+record's fields instead of branching on a model's name.
+
+A model belongs to a family by its hub id (the family's marker in the name) or by a checkpoint directory's
+`config.json` `model_type`; every other causal LM is the generic family, which constrains nothing the toolkit
+cannot check. Adding an architecture means adding a record here (tests/toolkit_train/test_families.py runs every
+field of every record through the code that reads it, and fails when a name check appears outside this module).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    model_type: str | None = None  # config.json's model_type
+    id_marker: str | None = None  # a hub id naming the family contains this (lower case)
+    lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
+    expert_parameters: tuple[str, ...] = ()  # its 3-D MoE expert parameters (lora.target_parameters)
+    attention_kernels: tuple[str, ...] | None = None  # the kernels it runs correctly with; None: any
+    attention_reason: str = ""  # why the others are refused, said to the user
+    decoder_layer: str | None = None  # the decoder layer class: FSDP wraps each one
+    fused_experts: bool = False  # the toolkit's fused MoE experts apply (toolkit_train/moe.py)
+    packed_mxfp4: bool = False  # its MXFP4 checkpoints can keep the experts packed (model.experts: mxfp4)
+    lora_serving_needs_gpu: bool = False  # vLLM's LoRA kernels for its layers (MoE) exist only on a GPU
+    # vLLM flags it is served with by default; containers/serving/serve.py holds the image's copy (no toolkit
+    # code runs in the serving image) and a test ties the two
+    vllm_defaults: dict[str, str | None] = field(default_factory=dict)
+
+    def holds(self, model_id: str) -> bool:
+        return bool(self.id_marker and self.id_marker in model_id.lower()) or (
+            self.model_type is not None and local_model_type(model_id) == self.model_type
+        )
+
+
+GPT_OSS = ModelFamily(
+    name="gpt-oss",
+    model_type="gpt_oss",
+    id_marker="gpt-oss",
+    lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head"),
+    expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
+    attention_kernels=("eager", "flex_attention"),
+    attention_reason="gpt-oss uses attention sinks, which sdpa does not support",
+    decoder_layer="GptOssDecoderLayer",
+    fused_experts=True,
+    packed_mxfp4=True,
+    lora_serving_needs_gpu=True,
+    vllm_defaults={
+        "--reasoning-parser": "openai_gptoss",
+        "--tool-call-parser": "openai",
+        "--enable-auto-tool-choice": None,
+    },
+)
+GENERIC = ModelFamily(name="causal LM")
+FAMILIES = (GPT_OSS,)  # every family but the generic one
+
+
+def local_model_type(model_id: str) -> str | None:
+    """`model_type` of a checkpoint directory on this machine (its config.json); None for hub ids and for paths
+    that exist only where the job runs (e.g. a cluster's /fsx)."""
+    try:
+        return json.loads((Path(model_id).expanduser() / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def family_of(model_id: str) -> ModelFamily:
+    """The family a model id belongs to (the generic one when none claims it)."""
+    return next((family for family in FAMILIES if family.holds(model_id)), GENERIC)
+
+
+def known_family(model_id: str, is_path: bool) -> ModelFamily | None:
+    """As family_of, but None where it cannot be told here: a directory that exists only where the job runs."""
+    family = family_of(model_id)
+    if family is GENERIC and is_path and local_model_type(model_id) is None:
+        return None
+    return family

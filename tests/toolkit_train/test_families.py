@@ -1,0 +1,137 @@
+"""Model families are records (toolkit_train/families.py): every field of every record reaches the code that reads
+it, and no module branches on a family's name instead."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from toolkit_train.families import FAMILIES, GENERIC, ModelFamily, family_of, known_family
+from toolkit_train.settings import ModelSettings, TrainSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES_MODULE = ROOT / "entrypoints" / "toolkit_train" / "families.py"
+SERVING_COPY = ROOT / "containers" / "serving" / "serve.py"
+DATA = {"source": "builtin:multilingual-thinking-sample"}
+FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the code reading it
+    "name", "model_type", "id_marker", "lora_modules", "expert_parameters", "attention_kernels",
+    "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu", "vllm_defaults",
+}  # fmt: skip
+
+
+def hub_id(family: ModelFamily) -> str:
+    assert family.id_marker, f"{family.name}: a family needs a name marker for hub ids"
+    return f"some-org/{family.id_marker}-7b"
+
+
+def test_every_family_field_is_covered_here():
+    """A field added to the record without a test of the code that reads it fails here."""
+    assert {f.name for f in fields(ModelFamily)} == FIELDS_CHECKED
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_a_family_is_found_by_hub_name_and_by_a_local_checkpoint(family, tmp_path):
+    assert family_of(hub_id(family)) is family
+    checkpoint = tmp_path / "renamed-copy"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": family.model_type}))
+    assert family_of(str(checkpoint)) is family, "a local copy need not carry the family's name"
+    assert ModelSettings(id=str(checkpoint)).family is family
+    assert known_family("/fsx/not-here", is_path=True) is None, "a path that exists only where the job runs"
+    assert family_of("Qwen/Qwen3-8B") is GENERIC and known_family("Qwen/Qwen3-8B", is_path=False) is GENERIC
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_the_attention_kernels_a_family_refuses_are_refused_with_its_reason(family):
+    kernels = ("eager", "flex_attention", "sdpa")
+    for kernel in kernels:
+        settings = {"id": hub_id(family), "attn_implementation": kernel}
+        if family.attention_kernels is None or kernel in family.attention_kernels:
+            ModelSettings.model_validate(settings)
+            continue
+        with pytest.raises(ValidationError, match=re.escape(family.attention_reason) + ": set model.attn_impl"):
+            ModelSettings.model_validate(settings)
+    ModelSettings.model_validate({"id": "Qwen/Qwen3-8B", "attn_implementation": "sdpa"})  # generic: anything
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_lora_targets_are_checked_against_the_family_names(family):
+    model = {"id": hub_id(family)}
+    assert family.lora_modules, f"{family.name}: name its LoRA-able modules"
+    TrainSettings.model_validate({"model": model, "data": DATA, "lora": {"target_modules": list(family.lora_modules)}})
+    with pytest.raises(ValidationError, match=f"{family.name} has no module.*gate_proj_typo"):
+        TrainSettings.model_validate({"model": model, "data": DATA, "lora": {"target_modules": ["gate_proj_typo"]}})
+    if family.expert_parameters:
+        TrainSettings.model_validate(
+            {"model": model, "data": DATA, "lora": {"target_parameters": list(family.expert_parameters), "dropout": 0}}
+        )
+    with pytest.raises(ValidationError, match=f"{family.name} has no parameter"):
+        TrainSettings.model_validate(
+            {"model": model, "data": DATA, "lora": {"target_parameters": ["mlp.nope"], "dropout": 0}}
+        )
+    # the generic family checks no names (it cannot know them)
+    TrainSettings.model_validate({"model": {"id": "Qwen/Qwen3-8B"}, "data": DATA, "lora": {"target_modules": ["x"]}})
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_packed_mxfp4_experts_are_offered_only_where_the_family_has_them(family):
+    config = {"model": {"id": hub_id(family), "experts": "mxfp4"}, "data": DATA, "lora": {"target_parameters": []}}
+    if family.packed_mxfp4:
+        TrainSettings.model_validate(config)
+    with pytest.raises(ValidationError, match="model.experts: mxfp4 is for"):
+        TrainSettings.model_validate({**config, "model": {"id": "Qwen/Qwen3-8B", "experts": "mxfp4"}})
+
+
+def test_the_training_code_reads_decoder_layer_and_fused_experts_from_the_record():
+    """FSDP's wrap class and the fused experts come from the record (the CPU training tests run them for real:
+    tests/toolkit_train/test_moe.py, test_train.py); here: the readers exist, and for each family the decoder
+    layer is a class its transformers architecture has."""
+    import transformers
+
+    train = (ROOT / "entrypoints" / "toolkit_train" / "train.py").read_text()
+    model = (ROOT / "entrypoints" / "toolkit_train" / "model.py").read_text()
+    assert "family.decoder_layer" in train and "family.fused_experts" in model
+    for family in FAMILIES:
+        if family.decoder_layer:
+            module = importlib.import_module(f"transformers.models.{family.model_type}.modeling_{family.model_type}")
+            assert hasattr(module, family.decoder_layer), (family.name, family.decoder_layer, transformers.__version__)
+
+
+def test_lora_serving_needs_gpu_is_what_local_deploy_refuses_on_a_cpu(tmp_path):
+    from toolkit.deploy.local import _adapter_family
+
+    for family in FAMILIES:
+        adapter = tmp_path / family.name / "adapter"
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": hub_id(family)}))
+        assert _adapter_family(adapter.parent) is family
+    assert _adapter_family(tmp_path / "no-adapter") is None
+
+
+def test_the_serving_image_copy_of_the_vllm_defaults_is_the_records():
+    spec = importlib.util.spec_from_file_location("serve", SERVING_COPY)
+    serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve)  # type: ignore[union-attr]
+    records = {f.model_type: (f.id_marker, f.vllm_defaults) for f in FAMILIES if f.vllm_defaults}
+    assert records == serve.FAMILY_DEFAULTS
+
+
+def test_no_module_branches_on_a_family_name():
+    """A family's name marker, model type and layer class are literals only in its record (inside longer strings,
+    messages and docs, they are fine): a new `if "gpt-oss" in id` or `== "gpt_oss"` fails here."""
+    names = "|".join(re.escape(v) for f in FAMILIES for v in (f.id_marker, f.model_type, f.decoder_layer) if v)
+    branch = re.compile(rf"""(["'])({names})\1""")  # the bare name as a literal: a comparison, a lookup, a list
+    offenders = []
+    for folder in ("toolkit", "entrypoints", "containers"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path in (FAMILIES_MODULE, SERVING_COPY):  # the record, and the image's copy tied to it above
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if branch.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == [], "use the family record (toolkit_train/families.py):\n" + "\n".join(offenders)
