@@ -150,6 +150,31 @@ def served_models(config: Config, model_dir: Path | None = None) -> list[tuple[s
     return [("base", base), ("fine-tuned", trained)]
 
 
+def eval_dir(config: Config) -> Path:
+    """Where `toolkit eval` writes its report (runs/<name>/eval/) and `toolkit register` looks for it."""
+    from toolkit.config.targets import run_home
+
+    return run_home(config.name) / "eval"
+
+
+RUN_RECORD = "run.json"  # what a completed training run writes last in its model directory (on every target)
+
+
+def scored_model(config: Config, model_dir: Path, training_job: str | None = None) -> dict[str, Any]:
+    """Which trained model a report scores: its directory and the digest of its run.json (the same bytes whether
+    the run is local or a training job's model downloaded from S3), so `toolkit register` can tell whether the
+    report belongs to the job it registers."""
+    from toolkit import digest
+
+    record = model_dir / RUN_RECORD
+    return {
+        "config": config.name,
+        "model": str(model_dir),
+        "run_digest": digest.of_files(record) if record.is_file() else None,
+        "training_job": training_job,
+    }
+
+
 def _labelled(on_row: Callable[[str, Generated], None] | None, label: str) -> Callable[[Generated], None] | None:
     return None if on_row is None else lambda generated: on_row(label, generated)
 
