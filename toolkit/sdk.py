@@ -428,6 +428,18 @@ def evaluate(
     return {**report, "written": written}
 
 
+def download_model(config: Config | str | Path, model_uri: str, destination: str | Path | None = None) -> Path:
+    """A trained model's S3 prefix (a training job's `artifacts["model"]`: adapter/, merged/, run.json) into a
+    directory (default runs/<name>/models/<digest of the URI>/), e.g. to `evaluate(model_dir=...)` it."""
+    from toolkit import aws, digest
+
+    cfg = _as_config(config)
+    if not model_uri.startswith("s3://") or not model_uri.endswith("/"):
+        raise aws.AwsError(f"{model_uri!r}: give the model's S3 prefix (s3://.../output/model/), not an archive")
+    target = Path(destination) if destination else run_home(cfg.name) / "models" / digest.of_value(model_uri)
+    return aws.download_tree(aws.client(cfg.aws, "s3"), model_uri, target)
+
+
 def evaluation_table(report: dict[str, Any]) -> str:
     """An evaluation report (`evaluate`'s result) as the Markdown table report.md holds."""
     from toolkit.evaluate.report import markdown

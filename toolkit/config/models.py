@@ -139,8 +139,7 @@ class ServingSettings(StrictModel):
 
 
 class GateSettings(StrictModel):
-    """`toolkit register`'s promotion gate, read from the eval report (`toolkit eval`): Approved when it passes,
-    Rejected when it fails, PendingManualApproval when there is no report."""
+    """`toolkit register`'s gate over the eval report: passes: Approved, fails: Rejected, no report: pending."""
 
     metric: str = Field(
         "rougeL", description="The eval report's metric to compare (one of toolkit.evaluate.scoring.METRICS)."
