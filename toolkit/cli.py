@@ -32,7 +32,7 @@ ConfigAlias = Annotated[
 TrainTarget = Literal["local", "training-job", "hyperpod"]
 ServeTarget = Literal["endpoint", "local"]
 ImageKind = Literal["serving", "training"]
-EvalTarget = Literal["local"]
+EvalTarget = Literal["local", "endpoint"]
 Effort = Literal["low", "medium", "high"]  # harmony's levels (toolkit_train.harmony.EFFORTS; a test ties the two)
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
@@ -873,8 +873,15 @@ def invoke(
 def eval_(
     source: ConfigArg,
     target: Annotated[
-        EvalTarget, typer.Option(help="local: serve base and fine-tuned with vLLM here (the only one built yet).")
+        EvalTarget,
+        typer.Option(
+            help="local: serve base and fine-tuned with vLLM here; endpoint: the config's endpoint "
+            "(baseline) vs --candidate-endpoint, through SageMaker."
+        ),
     ] = "local",
+    candidate_endpoint: Annotated[
+        str | None, typer.Option(help="endpoint: the endpoint serving the candidate (e.g. a staging one).")
+    ] = None,
     model_dir: Annotated[str | None, typer.Option(help="The trained model (default: training output).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Score only the first N held-out rows.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="New tokens per generated reply.")] = 256,
@@ -899,7 +906,8 @@ def eval_(
     try:
         with progress:
             report = sdk.evaluate(cfg, target, model_dir, limit, max_tokens, concurrency, on_row,
-                                  lambda line: progress.console.print(line, highlight=False, markup=False))  # fmt: skip
+                                  lambda line: progress.console.print(line, highlight=False, markup=False),
+                                  candidate_endpoint=candidate_endpoint)  # fmt: skip
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if as_json:

@@ -403,22 +403,40 @@ def evaluate(
     on_row: Callable[[str, Any], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     overrides: Sequence[str] = (),
+    candidate_endpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Generate on the held-out rows (data.eval) with the base and the fine-tuned model and score both.
+    """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both.
 
-    `target="local"`: vLLM on this machine serves each in turn (toolkit/evaluate). Writes runs/<name>/eval/
-    (report.json, report.md, metrics.png, loss.png) and returns the report with `written` (those paths).
+    `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate).
+    `target="endpoint"`: through SageMaker: the baseline is what the config's endpoint serves now, the candidate
+    what `candidate_endpoint` serves. Writes runs/<name>/eval/ (report.json, report.md, metrics.png, loss.png) and
+    returns the report with `written` (those paths).
     """
     import json
 
     from toolkit.deploy.local import model_dir as trained_dir
-    from toolkit.evaluate import EvalInputError, eval_dir, evaluate_local, require_held_out, scored_model
+    from toolkit.evaluate import (
+        SERVING,
+        EvalInputError,
+        eval_dir,
+        evaluate_endpoints,
+        evaluate_local,
+        require_held_out,
+        scored_model,
+    )
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
     require_held_out(cfg)
+    if target == "endpoint":
+        if not candidate_endpoint:
+            raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
+        results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
+                                             on_status)  # fmt: skip
+        report = build(results, baseline=SERVING, scored_model=scored)
+        return {**report, "written": write(report, eval_dir(cfg))}
     if target != "local":
-        raise EvalInputError(f"--target {target}: toolkit eval serves the models itself on this machine (local)")
+        raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
     directory = trained_dir(cfg, model_dir)
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status)
     report = build(results, scored_model=scored_model(cfg, directory))

@@ -265,3 +265,61 @@ def test_the_metadata_limits_are_botocores_and_a_long_list_is_fitted():
     assert_valid("sagemaker", "CreateModelPackage", request)
     # the value pattern is a \p{...} class the offline check skips: hold every kept character to it here
     assert all(ch.isalnum() or ch in " _.:/=+-@" for value in kept.values() for ch in value)
+
+
+@pytest.mark.integration
+def test_eval_through_sagemaker_scores_the_staging_candidate_against_what_serves_and_gates_it(
+    aws_env, tmp_path, sent, monkeypatch
+):
+    """`toolkit eval --target endpoint`: the rows go through sagemaker-runtime InvokeEndpoint (the OpenAI chat body)
+    to the endpoint serving now (the baseline) and a staging endpoint serving the registered candidate. moto's
+    endpoints run no model: their replies are moto's scripted invoke results (in request order, concurrency 1).
+    moto's server keys a scripted reply by the request body alone (the endpoint name reaches it as None), so the
+    same question to the second endpoint would get the first one's reply: the test clears that cache in between."""
+    import requests
+    from moto.sagemakerruntime.models import sagemakerruntime_backends
+
+    import toolkit.evaluate
+    from toolkit.evaluate import eval_rows
+
+    real_generate = toolkit.evaluate.generate
+
+    def generate_then_forget(*args, **kwargs):
+        generated = real_generate(*args, **kwargs)
+        sagemakerruntime_backends["123456789012"]["us-east-1"].results.clear()  # moto's gap, not the toolkit's
+        return generated
+
+    monkeypatch.setattr(toolkit.evaluate, "generate", generate_then_forget)
+
+    cfg = gated(aws_env, "data.eval.fraction=0.25")
+    trained(aws_env, tmp_path)
+    sdk.deploy(config(aws_env, "data.eval.fraction=0.25"), image_uri=IMAGE, poll_seconds=0)  # what serves now
+    pending = sdk.register(cfg, job_name=JOB, image_uri=IMAGE)
+    staging = config(aws_env, "serving.endpoint_name=tiny-staging")
+    sdk.deploy(staging, model_package=str(pending.version), allow_unapproved=True, poll_seconds=0)
+    rows = eval_rows(cfg, 3)
+
+    def reply(text):
+        body = {"choices": [{"message": {"content": text, "reasoning_content": "Ich denke auf Deutsch nach."},
+                             "finish_reason": "stop"}], "usage": {"completion_tokens": 9}, "model": "tiny"}  # fmt: skip
+        return {"Body": json.dumps(body), "ContentType": "application/json"}
+
+    scripted = [reply("Das weiss ich nicht.") for _ in rows] + [reply(row.reference) for row in rows]
+    requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json={"results": scripted},
+                  timeout=10)  # fmt: skip
+    sets = [a for o in [*cfg_sets(aws_env), "data.eval.fraction=0.25"] for a in ("--set", o)]
+    args = ["--target", "endpoint", "--candidate-endpoint", "tiny-staging", "--limit", "3", "--concurrency", "1"]
+    result = CliRunner().invoke(app, ["eval", "tiny-gpt-oss-local", *args, "--json", *sets])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["baseline"] == "serving" and report["models"]["fine-tuned"]["served"] == "endpoint tiny-staging"
+    assert report["metrics"]["rougeL"]["fine-tuned"] == 1.0 and report["metrics"]["rougeL"]["serving"] < 0.5
+    assert report["scored_model"]["training_job"] == JOB and pending.arn in report["scored_model"]["model"]
+    invoked = [p for _, operation, p in sent if operation == "InvokeEndpoint"]
+    assert [p["EndpointName"] for p in invoked] == ["tiny-gpt-oss-local"] * 3 + ["tiny-staging"] * 3
+    assert json.loads(invoked[0]["Body"])["messages"] == rows[0].messages
+
+    promoted = sdk.register(cfg, job_name=JOB, image_uri=IMAGE)  # the report written above, tied by the job
+    assert promoted.arn == pending.arn and promoted.status == "Approved"
+    assert promoted.verdict.startswith("gate passed: rougeL fine-tuned 1.000 vs serving")
+    all_valid(sent)
