@@ -5,6 +5,7 @@ this catches what AWS would refuse. Cross-field rules the model does not carry a
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Any
 
 import botocore.session
@@ -12,8 +13,13 @@ from botocore import xform_name
 from botocore.validate import ParamValidator
 
 
+@cache
+def _service_model(service: str) -> Any:
+    return botocore.session.get_session().get_service_model(service)
+
+
 def assert_valid(service: str, operation: str, params: dict) -> None:
-    model = botocore.session.get_session().get_service_model(service).operation_model(operation)
+    model = _service_model(service).operation_model(operation)
     report = ParamValidator().validate(params, model.input_shape)
     assert not report.has_errors(), f"{service}.{operation}: {report.generate_report()}"
     # botocore's client checks types, required members and minimums; AWS also refuses what breaks a member's
@@ -63,6 +69,6 @@ def _python_pattern(java_pattern: str | None) -> re.Pattern | None:
 
 def assert_valid_call(service: str, method: str, params: dict) -> None:
     """The same, for a boto3 method name (`create_endpoint`) as the toolkit's request plans carry them."""
-    model = botocore.session.get_session().get_service_model(service)
+    model = _service_model(service)
     operation = {xform_name(name): name for name in model.operation_names}[method]
     assert_valid(service, operation, params)

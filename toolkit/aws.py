@@ -229,6 +229,25 @@ def upload_tree(s3: Any, source: Path, bucket: str, prefix: str) -> None:
         s3.upload_file(str(file), bucket, f"{prefix.rstrip('/')}/{relative}".lstrip("/"))
 
 
+def download_tree(s3: Any, uri: str, destination: Path) -> Path:
+    """Every object under an s3:// prefix into `destination`, keeping relative paths (the upload marker skipped)."""
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    prefix = prefix.rstrip("/") + "/"
+    found = False
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = item["Key"][len(prefix) :]
+            if not relative or relative == UPLOAD_MARKER or relative.endswith("/"):
+                continue
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, item["Key"], str(target))
+            found = True
+    if not found:
+        raise AwsError(f"{uri}: no objects under this prefix: check the URI (a training job's model prefix ends /)")
+    return destination
+
+
 def model_artifacts(description: dict) -> dict[str, str]:
     """Where the job's /opt/ml/model went: uncompressed under <S3OutputPath>/<job>/output/model/ (AWS's layout for
     CompressionType NONE; an S3 prefix the endpoint serves as is), or a model.tar.gz from older jobs."""

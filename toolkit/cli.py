@@ -32,7 +32,7 @@ ConfigAlias = Annotated[
 TrainTarget = Literal["local", "training-job", "hyperpod"]
 ServeTarget = Literal["endpoint", "local"]
 ImageKind = Literal["serving", "training"]
-EvalTarget = Literal["local"]
+EvalTarget = Literal["local", "endpoint"]
 Effort = Literal["low", "medium", "high"]  # harmony's levels (toolkit_train.harmony.EFFORTS; a test ties the two)
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
@@ -669,6 +669,13 @@ def deploy(
         str | None, typer.Option(help="local: the model directory (default: training output).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="local: port (default: serving.local_port).")] = None,
+    model_package: Annotated[
+        str | None,
+        typer.Option(metavar="ARN|VERSION", help="Serve this registered version (only an Approved one)."),
+    ] = None,
+    allow_unapproved: Annotated[
+        bool, typer.Option("--allow-unapproved", help="Deploy a --model-package version that is not Approved.")
+    ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every request; create nothing.")] = False,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
@@ -677,12 +684,22 @@ def deploy(
     from toolkit import sdk
 
     cfg = load(source, set_)
+    if model_package is not None and (target == "local" or image_uri or model_data):
+        fail("--model-package: the registered version brings its image and model; it deploys to --target endpoint "
+             "without --image-uri or --model-data")  # fmt: skip
+    if allow_unapproved and model_package is None:
+        fail("--allow-unapproved applies to --model-package only: name the registered version to deploy")
     if target == "local":
         return _deploy_local(cfg, model_dir, port, dry_run)
     sent: list[str] = []  # endpoint requests already made: what Ctrl-C leaves behind
+    if model_package is not None:  # refused before anything is shown or made when it is not Approved
+        package = sdk.registered_version(cfg, model_package, allow_unapproved)
+        if package.note:
+            err.print(package.note, highlight=False, markup=False)
     try:
         if dry_run:
-            requests = sdk.render_deploy(cfg, image_uri, model_data)
+            requests = sdk.render_deploy(cfg, image_uri, model_data, model_package=model_package,
+                                         allow_unapproved=allow_unapproved)  # fmt: skip
             shown = [{r.operation if r.service == "sagemaker" else f"{r.service}.{r.operation}": r.params}
                      for r in requests]  # fmt: skip
             sys.stdout.write(json.dumps(shown, indent=2, default=str) + "\n")
@@ -697,7 +714,8 @@ def deploy(
             update(line[-160:])
 
         with status(f"deploying {cfg.name} ...") as update:
-            state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status)
+            state = sdk.deploy(cfg, image_uri, model_data, on_status=on_status, model_package=model_package,
+                               allow_unapproved=allow_unapproved)  # fmt: skip
     except KeyboardInterrupt:
         if sent:
             err.print(
@@ -855,8 +873,15 @@ def invoke(
 def eval_(
     source: ConfigArg,
     target: Annotated[
-        EvalTarget, typer.Option(help="local: serve base and fine-tuned with vLLM here (the only one built yet).")
+        EvalTarget,
+        typer.Option(
+            help="local: serve base and fine-tuned with vLLM here; endpoint: the config's endpoint "
+            "(baseline) vs --candidate-endpoint, through SageMaker."
+        ),
     ] = "local",
+    candidate_endpoint: Annotated[
+        str | None, typer.Option(help="endpoint: the endpoint serving the candidate (e.g. a staging one).")
+    ] = None,
     model_dir: Annotated[str | None, typer.Option(help="The trained model (default: training output).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Score only the first N held-out rows.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="New tokens per generated reply.")] = 256,
@@ -881,7 +906,8 @@ def eval_(
     try:
         with progress:
             report = sdk.evaluate(cfg, target, model_dir, limit, max_tokens, concurrency, on_row,
-                                  lambda line: progress.console.print(line, highlight=False, markup=False))  # fmt: skip
+                                  lambda line: progress.console.print(line, highlight=False, markup=False),
+                                  candidate_endpoint=candidate_endpoint)  # fmt: skip
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if as_json:
@@ -1006,20 +1032,29 @@ def register(
     source: ConfigArg,
     job: Annotated[str | None, typer.Option(help="Training job (default: the latest completed one).")] = None,
     image_uri: Annotated[str | None, typer.Option(help="Serving image (default: built and pushed).")] = None,
-    approve: Annotated[bool, typer.Option("--approve", help="Mark the package Approved.")] = False,
+    approve: Annotated[
+        bool, typer.Option("--approve", help="Mark the package Approved, whatever the gate says (manual override).")
+    ] = False,
+    report: Annotated[
+        str | None, typer.Option(help="The eval report to attach (default: runs/<name>/eval/report.json if any).")
+    ] = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Record a trained model in the Model Package Group named after the config."""
+    """Record a trained model in the Model Package Group named after the config, with its eval report attached
+    and the approval status from registry.gate (passes: Approved, fails: Rejected, no report: pending)."""
     from toolkit import sdk
 
     cfg = load(source, set_)
-    registration = sdk.register(cfg, job, image_uri, approve)
+    registration = sdk.register(cfg, job, image_uri, approve, report=report)
     if as_json:
         emit_json(registration)
         return
     verb = "registered" if registration.created else "already registered"
     out.print(f"{verb}: {registration.arn} ({registration.status}) in {registration.group}", highlight=False)
+    out.print(registration.verdict, highlight=False, markup=False)
+    if registration.left_out:
+        err.print(f"metadata left out (past SageMaker's limits): {', '.join(registration.left_out)}", markup=False)
 
 
 def main() -> None:

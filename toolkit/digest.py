@@ -15,6 +15,11 @@ def of_value(value: Any, digits: int = 16) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:digits]
 
 
+def of_bytes(data: bytes, digits: int = 16) -> str:
+    """Bytes as they are (a file's own SHA-256, as S3 and SageMaker's ContentDigest state it, at full length)."""
+    return hashlib.sha256(data).hexdigest()[:digits]
+
+
 def of_files(path: Path, digits: int = 16, salt: str = "") -> str:
     """A file, or a tree's files (names relative to it, then bytes; caches skipped), plus an optional salt."""
     digest = hashlib.sha256(salt.encode())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,3 +240,27 @@ def preflight(cfg: Any, on_note: Any = None, online: bool = True) -> str:
     if on_note:
         on_note(line)
     return line
+
+
+# A model package's CustomerMetadataProperties (SageMaker's CreateModelPackage / UpdateModelPackage, as botocore's
+# service model carries them; tests/toolkit/deploy/test_gate.py holds these to it): at most 50 entries, keys of 1-128
+# and values of 1-256 characters, each a letter, number, space or one of _ . : / = + - @
+METADATA_ENTRIES = 50
+METADATA_KEY_CHARS = 128
+METADATA_VALUE_CHARS = 256
+_METADATA_OTHER = re.compile(r"[^\w .:/=+\-@]")
+
+
+def customer_metadata(entries: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Entries as a model package may hold them, in their order of importance: a character AWS refuses becomes
+    `_`, an empty value `-`, a longer value is cut; a key that is too long, or any entry past the 50th, is left out
+    and named in the second value (never sent for AWS to refuse the whole registration)."""
+    kept: dict[str, str] = {}
+    left_out = []
+    for key, value in entries.items():
+        key = _METADATA_OTHER.sub("_", key)
+        if not key or len(key) > METADATA_KEY_CHARS or len(kept) == METADATA_ENTRIES:
+            left_out.append(key)
+            continue
+        kept[key] = _METADATA_OTHER.sub("_", str(value))[:METADATA_VALUE_CHARS] or "-"
+    return kept, left_out

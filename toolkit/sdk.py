@@ -37,7 +37,7 @@ __all__ = [
 if TYPE_CHECKING:
     from toolkit.config.models import AwsSettings
     from toolkit.deploy.client import ChatClient
-    from toolkit.deploy.endpoint import Endpoints, EndpointState, Request
+    from toolkit.deploy.endpoint import Endpoints, EndpointState, Package, Request
     from toolkit.deploy.local import LocalServer
     from toolkit.deploy.registry import Registration
     from toolkit.infra import Plan
@@ -264,11 +264,17 @@ def render_deploy(
     image_uri: str | None = None,
     model_data: str | None = None,
     overrides: Sequence[str] = (),
+    model_package: str | None = None,
+    allow_unapproved: bool = False,
 ) -> list[Request]:
     """Every request `deploy` would make, given what exists now (the dry run: reads only, creates nothing)."""
     from toolkit.deploy import endpoint
 
     cfg = _as_config(config, overrides)
+    if model_package is not None:  # refused as deploy refuses it (UnapprovedModel) when it is not Approved
+        endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
+        planned = endpoints.requests(package.image, package.model_data)
+        return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
     endpoints = endpoint.for_config(cfg)
     planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data, True))
     return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
@@ -281,18 +287,36 @@ def deploy(
     on_status=None,
     overrides: Sequence[str] = (),
     poll_seconds: float = 30,
+    model_package: str | None = None,
+    allow_unapproved: bool = False,
 ) -> EndpointState:
     """Create or update the SageMaker endpoint (blue/green, rolled back on failure) and wait until it serves.
 
     The image is built and pushed unless given; the model is the latest completed training job's unless given.
-    Raises `DeployError` when the endpoint does not serve the new model (the old one keeps serving).
+    `model_package` (a version number of the config's Model Package Group, or an ARN): serve that registered
+    version instead; one that is not Approved is refused (`UnapprovedModel`, nothing created) unless
+    `allow_unapproved`. Raises `DeployError` when the endpoint does not serve the new model (the old one keeps
+    serving).
     """
     from toolkit.deploy import endpoint
 
     cfg = _as_config(config, overrides)
+    if model_package is not None:
+        endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
+        if package.note and on_status:
+            on_status(package.note)
+        return endpoints.deploy(package.image, package.model_data, on_status, poll_seconds=poll_seconds)
     data = endpoint.model_data(cfg, model_data)
     image = _image(cfg, image_uri, on_status)
     return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
+
+
+def registered_version(config: Config | str | Path, ref: str, allow_unapproved: bool = False) -> Package:
+    """A version of the config's Model Package Group (its number or ARN) as `deploy(model_package=...)` serves it:
+    `UnapprovedModel` when it is not Approved, unless `allow_unapproved` (then `note` says so)."""
+    from toolkit.deploy.endpoint import for_package
+
+    return for_package(_as_config(config), ref, allow_unapproved)[1]
 
 
 def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Endpoints:
@@ -357,12 +381,16 @@ def register(
     image_uri: str | None = None,
     approve: bool = False,
     overrides: Sequence[str] = (),
+    report: str | Path | None = None,
 ) -> Registration:
-    """Record a completed training job's model in the config's Model Package Group."""
+    """Record a completed training job's model in the config's Model Package Group, with its eval report
+    (`report`, default runs/<name>/eval/report.json when there is one) attached and the approval status from
+    `registry.gate`: passes -> Approved, fails -> Rejected, no report -> PendingManualApproval; `approve` is the
+    manual override. A report that scored another model is refused (`ReportError`)."""
     from toolkit.deploy.registry import register as register_model
 
     cfg = _as_config(config, overrides)
-    return register_model(cfg, _image(cfg, image_uri), job_name, approve)
+    return register_model(cfg, _image(cfg, image_uri), job_name, approve, report)
 
 
 def evaluate(
@@ -375,29 +403,59 @@ def evaluate(
     on_row: Callable[[str, Any], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     overrides: Sequence[str] = (),
+    candidate_endpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Generate on the held-out rows (data.eval) with the base and the fine-tuned model and score both.
+    """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both.
 
-    `target="local"`: vLLM on this machine serves each in turn (toolkit/evaluate). Writes runs/<name>/eval/
-    (report.json, report.md, metrics.png, loss.png) and returns the report with `written` (those paths).
+    `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate).
+    `target="endpoint"`: through SageMaker: the baseline is what the config's endpoint serves now, the candidate
+    what `candidate_endpoint` serves. Writes runs/<name>/eval/ (report.json, report.md, metrics.png, loss.png) and
+    returns the report with `written` (those paths).
     """
     import json
 
     from toolkit.deploy.local import model_dir as trained_dir
-    from toolkit.evaluate import EvalInputError, evaluate_local, require_held_out
+    from toolkit.evaluate import (
+        SERVING,
+        EvalInputError,
+        eval_dir,
+        evaluate_endpoints,
+        evaluate_local,
+        require_held_out,
+        scored_model,
+    )
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
     require_held_out(cfg)
+    if target == "endpoint":
+        if not candidate_endpoint:
+            raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
+        results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
+                                             on_status)  # fmt: skip
+        report = build(results, baseline=SERVING, scored_model=scored)
+        return {**report, "written": write(report, eval_dir(cfg))}
     if target != "local":
-        raise EvalInputError(f"--target {target}: toolkit eval serves the models itself on this machine (local)")
+        raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
     directory = trained_dir(cfg, model_dir)
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status)
-    report = build(results)
+    report = build(results, scored_model=scored_model(cfg, directory))
     run_file = directory / "run.json"
     run = json.loads(run_file.read_text()) if run_file.is_file() else None
-    written = write(report, run_home(cfg.name) / "eval", run)  # adds the run's validation loss to the report
+    written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}
+
+
+def download_model(config: Config | str | Path, model_uri: str, destination: str | Path | None = None) -> Path:
+    """A trained model's S3 prefix (a training job's `artifacts["model"]`: adapter/, merged/, run.json) into a
+    directory (default runs/<name>/models/<digest of the URI>/), e.g. to `evaluate(model_dir=...)` it."""
+    from toolkit import aws, digest
+
+    cfg = _as_config(config)
+    if not model_uri.startswith("s3://") or not model_uri.endswith("/"):
+        raise aws.AwsError(f"{model_uri!r}: give the model's S3 prefix (s3://.../output/model/), not an archive")
+    target = Path(destination) if destination else run_home(cfg.name) / "models" / digest.of_value(model_uri)
+    return aws.download_tree(aws.client(cfg.aws, "s3"), model_uri, target)
 
 
 def evaluation_table(report: dict[str, Any]) -> str:

@@ -138,6 +138,44 @@ class ServingSettings(StrictModel):
         return self
 
 
+class GateSettings(StrictModel):
+    """`toolkit register`'s gate over the eval report: passes: Approved, fails: Rejected, no report: pending."""
+
+    metric: str = Field(
+        "rougeL", description="The eval report's metric to compare (one of toolkit.evaluate.scoring.METRICS)."
+    )
+    min_margin: float = Field(
+        0.0, ge=-1, le=1, description="Fine-tuned minus baseline on `metric` must be at least this (metrics are 0..1)."
+    )
+    require_ci: bool = Field(
+        False, description="Also the lower bound of the difference's 95% bootstrap interval must reach min_margin."
+    )
+    min_format_valid: float | None = Field(
+        None, ge=0, le=1,
+        description="Share of held-out rows the fine-tuned model answers well-formed (failed rows count as not).",
+    )  # fmt: skip
+
+    @field_validator("metric")
+    @classmethod
+    def _scored_metric(cls, value: str) -> str:
+        from toolkit.evaluate.scoring import METRIC_NAMES  # the scorer's one table (light: no scoring library loads)
+
+        if value not in METRIC_NAMES:
+            raise ValueError(
+                f"registry.gate.metric: {brief(value)} is not a metric the eval report has; use one of: "
+                f"{', '.join(METRIC_NAMES)}"
+            )
+        return value
+
+
+class RegistrySettings(StrictModel):
+    """`toolkit register`: the Model Package Group named after the config, and how a version gets approved."""
+
+    gate: GateSettings | None = Field(
+        None, description="Approve or reject from the eval report; unset: PendingManualApproval (or --approve)."
+    )
+
+
 class AwsSettings(StrictModel):
     """Where the cloud resources live."""
 
@@ -186,6 +224,7 @@ class Config(TrainSettings):
     training_job: TrainingJobSettings = Field(default_factory=TrainingJobSettings)
     hyperpod: HyperPodSettings = Field(default_factory=HyperPodSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
     aws: AwsSettings = Field(default_factory=AwsSettings)
 
     @field_validator("target")

@@ -64,6 +64,7 @@ class Endpoints:
         self.name = endpoint_name(config)
         self._sagemaker = sagemaker
         self._autoscaling = autoscaling
+        self.model_package: str | None = None  # a registered version's ARN: the model is made from it (for_package)
 
     @property
     def sagemaker(self) -> Any:
@@ -125,7 +126,11 @@ class Endpoints:
         return planned
 
     def _model_request(self, image_uri: str, model_data: str) -> Request:
-        container = {"Image": image_uri, "Environment": vllm_environment(self.config), **model_data_fields(model_data)}
+        container: dict[str, Any] = (
+            {"ModelPackageName": self.model_package}  # the package's image, model data and environment, and lineage
+            if self.model_package
+            else {"Image": image_uri, "Environment": vllm_environment(self.config), **model_data_fields(model_data)}
+        )
         return Request(
             "create_model",
             {"ExecutionRoleArn": self.config.aws.role, "PrimaryContainer": container, "Tags": self._tags()},
@@ -376,3 +381,79 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
         if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
             raise
         raise NothingToServe(str(exc)) from None
+
+
+class UnapprovedModel(DeployInputError):
+    """A registered version that is not Approved, deployed without --allow-unapproved."""
+
+
+@dataclass
+class Package:
+    """A registered model version as deploy serves it."""
+
+    arn: str
+    name: str  # group/version
+    status: str  # ModelApprovalStatus
+    image: str
+    model_data: str
+    note: str = ""  # said when an unapproved version is deployed on purpose
+
+
+def model_package(config: Config, ref: str, sagemaker: Any) -> Package:
+    """A version of the config's Model Package Group (`toolkit register` writes them): its number or its ARN."""
+    from botocore.exceptions import ClientError
+
+    group = config.name
+    arn = ref
+    if ref.isdigit():
+        pages = sagemaker.get_paginator("list_model_packages").paginate(ModelPackageGroupName=group)
+        found = [s["ModelPackageArn"] for page in pages for s in page["ModelPackageSummaryList"]
+                 if s.get("ModelPackageVersion") == int(ref)]  # fmt: skip
+        if not found:
+            raise DeployInputError(
+                f"--model-package {ref}: model package group {group} has no version {ref}: register one with "
+                f"toolkit register, or list them: aws sagemaker list-model-packages --model-package-group-name {group}"
+            )
+        arn = found[0]
+    elif not ref.startswith("arn:"):
+        raise DeployInputError(f"--model-package {ref!r}: give a version number of group {group} or a package's ARN")
+    try:
+        described = sagemaker.describe_model_package(ModelPackageName=arn)
+    except ClientError as exc:
+        if aws.is_missing(exc):
+            raise DeployInputError(f"--model-package {ref}: no such model package") from None
+        raise
+    container = described.get("InferenceSpecification", {}).get("Containers", [{}])[0]
+    source = container.get("ModelDataSource", {}).get("S3DataSource", {}).get("S3Uri")
+    return Package(
+        described["ModelPackageArn"],
+        f"{described.get('ModelPackageGroupName', group)}/{described.get('ModelPackageVersion', '?')}",
+        described.get("ModelApprovalStatus", "PendingManualApproval"),
+        container.get("Image", ""),
+        source or container.get("ModelDataUrl", ""),
+        described.get("ApprovalDescription") or "",
+    )
+
+
+def for_package(config: Config, ref: str, allow_unapproved: bool = False) -> tuple[Endpoints, Package]:
+    """The config's endpoint serving a registered version; refused (`UnapprovedModel`, exit 2, nothing created)
+    unless the version is Approved or `allow_unapproved` says otherwise explicitly."""
+    if config.serving.weights == "adapter":
+        raise DeployInputError(
+            "--model-package serves the package's merged model on the config's own endpoint, but serving.weights is "
+            "adapter (a shared base's component): set serving.weights: merged to deploy a registered version"
+        )
+    endpoints = Endpoints(config)
+    package = model_package(config, ref, endpoints.sagemaker)
+    if package.status != "Approved":
+        why = f" ({package.note})" if package.note else ""
+        if not allow_unapproved:
+            raise UnapprovedModel(
+                f"model package {package.name} is {package.status}{why}: only Approved versions are deployed; "
+                "approve it (toolkit register --approve, or the Model Registry) or pass --allow-unapproved"
+            )
+        package.note = f"deploying model package {package.name}, which is {package.status} (--allow-unapproved)"
+    else:
+        package.note = ""
+    endpoints.model_package = package.arn
+    return endpoints, package

@@ -150,6 +150,31 @@ def served_models(config: Config, model_dir: Path | None = None) -> list[tuple[s
     return [("base", base), ("fine-tuned", trained)]
 
 
+def eval_dir(config: Config) -> Path:
+    """Where `toolkit eval` writes its report (runs/<name>/eval/) and `toolkit register` looks for it."""
+    from toolkit.config.targets import run_home
+
+    return run_home(config.name) / "eval"
+
+
+RUN_RECORD = "run.json"  # what a completed training run writes last in its model directory (on every target)
+
+
+def scored_model(config: Config, model_dir: Path, training_job: str | None = None) -> dict[str, Any]:
+    """Which trained model a report scores: its directory and the digest of its run.json (the same bytes whether
+    the run is local or a training job's model downloaded from S3), so `toolkit register` can tell whether the
+    report belongs to the job it registers."""
+    from toolkit import digest
+
+    record = model_dir / RUN_RECORD
+    return {
+        "config": config.name,
+        "model": str(model_dir),
+        "run_digest": digest.of_files(record) if record.is_file() else None,
+        "training_job": training_job,
+    }
+
+
 def _labelled(on_row: Callable[[str, Generated], None] | None, label: str) -> Callable[[Generated], None] | None:
     return None if on_row is None else lambda generated: on_row(label, generated)
 
@@ -178,3 +203,78 @@ def evaluate_local(
             generated = generate(client, rows, max_tokens, concurrency, _labelled(on_row, label))
             results.append(ModelResult(label, str(directory), generated, round(time.monotonic() - started, 2)))
     return results
+
+
+SERVING = "serving"  # the baseline's label when it is what the config's endpoint serves now
+
+
+def endpoint_model(config: Config, name: str, sagemaker: Any) -> dict[str, Any]:
+    """Which trained model an endpoint serves (`scored_model`'s shape): the registered version's training job
+    (a model made from a package), or the job whose model prefix (<output>/<job>/output/model/) it serves."""
+    endpoint = sagemaker.describe_endpoint(EndpointName=name)
+    variant = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])[
+        "ProductionVariants"
+    ][0]
+    container = sagemaker.describe_model(ModelName=variant["ModelName"])["PrimaryContainer"]
+    package = container.get("ModelPackageName")
+    if package:
+        served = package
+        metadata = sagemaker.describe_model_package(ModelPackageName=package).get("CustomerMetadataProperties", {})
+        job = metadata.get("training_job")
+    else:
+        served = container.get("ModelDataSource", {}).get("S3DataSource", {}).get("S3Uri") or container.get(
+            "ModelDataUrl", ""
+        )
+        found = re.search(r"/([^/]+)/output/model", served)
+        job = found.group(1) if found else None
+    return {"config": config.name, "model": f"endpoint {name} ({served})", "run_digest": None, "training_job": job}
+
+
+def evaluate_endpoints(
+    config: Config,
+    candidate: str,
+    limit: int | None = None,
+    max_tokens: int = 256,
+    concurrency: int = 4,
+    on_row: Callable[[str, Generated], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> tuple[list[ModelResult], dict[str, Any]]:
+    """Generate through SageMaker (sagemaker-runtime InvokeEndpoint, the OpenAI chat body): the baseline is what the
+    config's endpoint serves now, the candidate what endpoint `candidate` serves (e.g. a staging endpoint deployed
+    with `--model-package N --allow-unapproved`). Returns the results and which model the candidate is."""
+    from toolkit import aws
+    from toolkit.deploy.client import ChatClient
+    from toolkit.deploy.endpoint import endpoint_name
+
+    if config.serving.weights == "adapter":
+        raise EvalInputError("--target endpoint: serving.weights: adapter is not evaluated through endpoints yet")
+    rows = eval_rows(config, limit)
+    sagemaker, runtime = aws.client(config.aws, "sagemaker"), aws.client(config.aws, "sagemaker-runtime")
+    serving = endpoint_name(config)
+    for name in (serving, candidate):
+        status = _endpoint_status(sagemaker, name)
+        if status != "InService":
+            raise EvalInputError(f"endpoint {name} is {status or 'not there'}: eval needs both endpoints InService")
+    scored = endpoint_model(config, candidate, sagemaker)
+    results = []
+    for label, name in ((SERVING, serving), ("fine-tuned", candidate)):
+        if on_status:
+            on_status(f"generating through endpoint {name} ({label})")
+        client = ChatClient.for_endpoint(name, runtime, config.name)
+        started = time.monotonic()
+        generated = generate(client, rows, max_tokens, concurrency, _labelled(on_row, label))
+        results.append(ModelResult(label, f"endpoint {name}", generated, round(time.monotonic() - started, 2)))
+    return results, scored
+
+
+def _endpoint_status(sagemaker: Any, name: str) -> str | None:
+    from botocore.exceptions import ClientError
+
+    from toolkit import aws
+
+    try:
+        return sagemaker.describe_endpoint(EndpointName=name)["EndpointStatus"]
+    except ClientError as exc:
+        if aws.is_missing(exc):
+            return None
+        raise

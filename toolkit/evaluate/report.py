@@ -11,6 +11,7 @@ from typing import Any
 
 from toolkit.evaluate.scoring import METRICS, format_problems, score
 
+REPORT_FILE = "report.json"  # what `toolkit register` reads (and attaches to the model package)
 BOOTSTRAP_SAMPLES = 2000
 CONFIDENCE = 0.95
 
@@ -25,8 +26,15 @@ def bootstrap_interval(differences: list[float], seed: int = 0) -> tuple[float, 
     return means[int(tail * BOOTSTRAP_SAMPLES)], means[int((1 - tail) * BOOTSTRAP_SAMPLES) - 1]
 
 
-def build(results: list[Any], baseline: str = "base", candidate: str = "fine-tuned") -> dict[str, Any]:
-    """The report as data: per model its per-row scores, per metric both means and the paired difference."""
+def build(
+    results: list[Any],
+    baseline: str = "base",
+    candidate: str = "fine-tuned",
+    scored_model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report as data: per model its per-row scores, per metric both means and the paired difference.
+    `scored_model`: which trained model the candidate is (`toolkit.evaluate.scored_model`): `toolkit register` attaches
+    the report only to that model's package."""
     by_label = {r.label: r for r in results}
     scored = {label: [score(g) for g in r.generated] for label, r in by_label.items()}
     models = {}
@@ -64,7 +72,8 @@ def build(results: list[Any], baseline: str = "base", candidate: str = "fine-tun
             "difference": statistics.fmean(differences) if pairs else None,
             "ci95": list(interval) if interval else None,
         }
-    return {"baseline": baseline, "candidate": candidate, "metrics": metrics, "models": models,
+    return {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
+            "models": models,
             "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
                                                                           strict=True)]
                      for label in by_label}}  # fmt: skip
@@ -109,7 +118,7 @@ def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) 
             "rows": (run.get("data") or {}).get("eval", {}).get("rows_out"),
         }
         report["validation"] = validation  # the returned report shows it too
-    written = {"json": out / "report.json", "markdown": out / "report.md", "chart": out / "metrics.png"}
+    written = {"json": out / REPORT_FILE, "markdown": out / "report.md", "chart": out / "metrics.png"}
     written["json"].write_text(json.dumps(report, indent=2, default=str))
     written["markdown"].write_text(markdown(report, validation))
     _chart(report, written["chart"])

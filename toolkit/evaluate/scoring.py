@@ -86,11 +86,12 @@ class Metric:
     describes: str
 
 
+FORMAT_VALID = "format_valid"  # the promotion gate's format floor reads this metric (registry.gate.min_format_valid)
 METRICS = (
     Metric("rougeL", rouge_l, "ROUGE-L F1 of the final channel against the reference answer"),
     Metric("chrF", chrf, "chrF of the final channel against the reference answer (0..1)"),
     Metric("reasoning_language", reasoning_language, "analysis channel in the requested reasoning language"),
-    Metric("format_valid", format_valid, "both channels, no special tokens, stop reached, no runaway repetition"),
+    Metric(FORMAT_VALID, format_valid, "both channels, no special tokens, stop reached, no runaway repetition"),
 )
 METRIC_NAMES = tuple(m.name for m in METRICS)
 
