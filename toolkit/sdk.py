@@ -285,14 +285,23 @@ def deploy(
     """Create or update the SageMaker endpoint (blue/green, rolled back on failure) and wait until it serves.
 
     The image is built and pushed unless given; the model is the latest completed training job's unless given.
-    Raises `DeployError` when the endpoint does not serve the new model (the old one keeps serving).
+    Raises `DeployError` when the endpoint does not serve the new model (the old one keeps serving). Once it
+    serves, a gpt-oss model's prompt parity is checked through the endpoint (`prompt_drift`); on drift,
+    `PromptDrift` (a new endpoint is deleted, an update rolled back to the config that served before).
     """
-    from toolkit.deploy import endpoint
+    from toolkit.deploy import endpoint, parity
 
     cfg = _as_config(config, overrides)
     data = endpoint.model_data(cfg, model_data)
     image = _image(cfg, image_uri, on_status)
-    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
+
+    def verify() -> None:
+        (on_status or (lambda _: None))("checking that the endpoint renders prompts as training did")
+        client = chat_client(cfg)
+        parity.check(client.send, client.model)
+
+    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds,
+                                           verify=verify if parity.applies(cfg) else None)  # fmt: skip
 
 
 def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Endpoints:
@@ -409,8 +418,9 @@ def evaluation_table(report: dict[str, Any]) -> str:
 
 def prompt_drift(config: Config | str | Path, url: str | None = None, target: str = "local") -> list[str]:
     """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, each
-    effort, developer prompt present and absent); [] when they agree (toolkit/deploy/parity.py)."""
-    from toolkit.deploy.parity import drift
+    effort, developer prompt present and absent); [] when they agree, or when the model is not gpt-oss (the corpus
+    is harmony's; toolkit/deploy/parity.py)."""
+    from toolkit.deploy.parity import applies, drift
 
     client = chat_client(config, target, url)
-    return drift(client.send, client.model)
+    return drift(client.send, client.model) if applies(_as_config(config)) else []
