@@ -2,7 +2,9 @@
 
 It forwards InvokeEndpoint and InvokeEndpointWithResponseStream to a serving container's /invocations route
 (here: the toolkit's entry script running real vLLM), and frames the streamed reply as AWS event-stream
-`PayloadPart` messages, so boto3's own event-stream parser reads it. What it does not cover: SageMaker's
+`PayloadPart` messages, so boto3's own event-stream parser reads it. With `aws_url` (moto server), every other
+request is relayed there unchanged: one AWS endpoint URL for the control plane (moto) and the runtime route (the
+container), as the toolkit's clients all take AWS_ENDPOINT_URL. What it does not cover: SageMaker's
 routing between instances, auth and its payload/timeout limits.
 """
 
@@ -39,8 +41,8 @@ def event_message(payload: bytes) -> bytes:
 
 
 class SageMakerRuntime:
-    def __init__(self, serving_url: str, endpoint: str) -> None:
-        self.serving_url, self.endpoint = serving_url.rstrip("/"), endpoint
+    def __init__(self, serving_url: str, endpoint: str, aws_url: str | None = None) -> None:
+        self.serving_url, self.endpoint, self.aws_url = serving_url.rstrip("/"), endpoint, aws_url
         runtime = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,9 +51,33 @@ class SageMakerRuntime:
             def log_message(self, *_):
                 pass
 
+            def do_GET(self):
+                self._relay(b"")
+
+            def do_DELETE(self):
+                self._relay(b"")
+
+            def do_PUT(self):
+                self._relay(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+
+            def _relay(self, body: bytes) -> None:
+                assert runtime.aws_url, f"no AWS emulator to relay {self.command} {self.path} to"
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                request = urllib.request.Request(runtime.aws_url + self.path, data=body or None, headers=headers,
+                                                 method=self.command)  # fmt: skip
+                try:
+                    upstream = urllib.request.urlopen(request, timeout=60)
+                except urllib.error.HTTPError as exc:
+                    upstream = exc
+                with upstream:
+                    self._reply(upstream.status, upstream.read(), upstream.headers.get("Content-Type", ""))
+
             def do_POST(self):
                 match = ROUTE.match(self.path.split("?")[0])
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if not match and runtime.aws_url:
+                    self._relay(body)
+                    return
                 if not match or match.group(1) != runtime.endpoint:
                     self._reply(400, b'{"__type":"ValidationError","message":"Endpoint not found"}')
                     return

@@ -296,19 +296,27 @@ def deploy(
     `model_package` (a version number of the config's Model Package Group, or an ARN): serve that registered
     version instead; one that is not Approved is refused (`UnapprovedModel`, nothing created) unless
     `allow_unapproved`. Raises `DeployError` when the endpoint does not serve the new model (the old one keeps
-    serving).
+    serving). Once it serves, a gpt-oss model's prompt parity is checked through the endpoint (`prompt_drift`);
+    on drift, `PromptDrift` (a new endpoint is deleted, an update rolled back to the config that served before).
     """
-    from toolkit.deploy import endpoint
+    from toolkit.deploy import endpoint, parity
 
     cfg = _as_config(config, overrides)
+
+    def verify() -> None:
+        (on_status or (lambda _: None))("checking that the endpoint renders prompts as training did")
+        client = chat_client(cfg)
+        parity.check(client.send, client.model)
+
+    check = verify if parity.applies(cfg) else None
     if model_package is not None:
         endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
         if package.note and on_status:
             on_status(package.note)
-        return endpoints.deploy(package.image, package.model_data, on_status, poll_seconds=poll_seconds)
+        return endpoints.deploy(package.image, package.model_data, on_status, poll_seconds=poll_seconds, verify=check)
     data = endpoint.model_data(cfg, model_data)
     image = _image(cfg, image_uri, on_status)
-    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds)
+    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds, verify=check)
 
 
 def registered_version(config: Config | str | Path, ref: str, allow_unapproved: bool = False) -> Package:
@@ -467,8 +475,9 @@ def evaluation_table(report: dict[str, Any]) -> str:
 
 def prompt_drift(config: Config | str | Path, url: str | None = None, target: str = "local") -> list[str]:
     """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, each
-    effort, developer prompt present and absent); [] when they agree (toolkit/deploy/parity.py)."""
-    from toolkit.deploy.parity import drift
+    effort, developer prompt present and absent); [] when they agree, or when the model is not gpt-oss (the corpus
+    is harmony's; toolkit/deploy/parity.py)."""
+    from toolkit.deploy.parity import applies, drift
 
     client = chat_client(config, target, url)
-    return drift(client.send, client.model)
+    return drift(client.send, client.model) if applies(_as_config(config)) else []

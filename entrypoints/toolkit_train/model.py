@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, LoraSettings, ModelSettings
+from .settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, LoraSettings, ModelSettings
 
 
 def resolve_model_path(settings: ModelSettings) -> str:
@@ -13,7 +13,7 @@ def resolve_model_path(settings: ModelSettings) -> str:
     if settings.id in BUILTIN_MODELS:
         from .tiny_model import tiny_gpt_oss_path
 
-        return str(tiny_gpt_oss_path(mxfp4=settings.id == TINY_GPT_OSS_MXFP4))
+        return str(tiny_gpt_oss_path(mxfp4=settings.id == TINY_GPT_OSS_MXFP4, tools=settings.id == TINY_GPT_OSS_TOOLS))
     missing = settings.missing_here()
     if missing:
         raise ValueError(missing)

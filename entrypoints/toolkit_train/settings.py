@@ -18,7 +18,8 @@ from .families import ModelFamily, family_of, known_family
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
-BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4)
+TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-calling sample too (its tokens)
+BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
 SAMPLES = {SAMPLE_DATASET: "multilingual-thinking.jsonl", TOOL_SAMPLE_DATASET: "tool-calling.jsonl"}  # samples/
@@ -54,7 +55,7 @@ class ModelSettings(StrictModel):
     id: str = Field(
         description="Hugging Face hub id or local path of a causal LM; "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
-        "the same, stored as MXFP4)."
+        f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too)."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."

@@ -10,6 +10,11 @@ from parts of different rows (the format on its own). A model this small (2 laye
 half of the sample's answers after it; the LoRA run on top lowers the sample's loss but, at this size, does not
 make it recall more. It stands in for gpt-oss in the demo and the tests: every layer is real, the answers
 are not a measure of anything.
+
+The tools variant (`builtin:tiny-gpt-oss-tools`) adds the bundled tool-calling sample to the pre-training text.
+Without it the model cannot call a tool, whatever the LoRA run: the LM-head rows of every token the pre-training
+text lacks are zeroed, and the tool-call tokens (`<|call|>`, ` to`, `functions`, ` json`, `{"`, ...) are among them;
+LoRA on attention and experts cannot move those logits (and TRL refuses LoRA on lm_head).
 """
 
 from __future__ import annotations
@@ -53,16 +58,18 @@ RECIPE: dict[str, Any] = {
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
 }
+TOOLS_RECIPE = {"pretrain_text": "every third conversation a row of the tool-calling sample"}
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
 
 
-def tiny_gpt_oss_path(mxfp4: bool = False) -> Path:
+def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     """Path of the tiny model, building it first if this machine has none cached."""
-    key = hashlib.sha256(json.dumps([RECIPE, mxfp4], sort_keys=True).encode()).hexdigest()[:12]
-    target = cache_root() / f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}-{key}"
+    recipe = [RECIPE, mxfp4, *([TOOLS_RECIPE] if tools else [])]
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_root() / f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}{'-tools' if tools else ''}-{key}"
     if (target / "config.json").exists():
         return target
     from filelock import FileLock
@@ -71,7 +78,7 @@ def tiny_gpt_oss_path(mxfp4: bool = False) -> Path:
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").exists():
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-            _build(staging, mxfp4)
+            _build(staging, mxfp4, tools=tools)
             staging.rename(target)
     return target
 
@@ -113,7 +120,7 @@ def build_tokenizer():
     return tokenizer
 
 
-def _build(out: Path, mxfp4: bool, pretrain: bool = True) -> None:
+def _build(out: Path, mxfp4: bool, pretrain: bool = True, tools: bool = False) -> None:
     """pretrain=False: random weights (benchmarks that only need the architecture and the tokenizer)."""
     import torch
     from transformers import GptOssConfig, GptOssForCausalLM
@@ -144,7 +151,7 @@ def _build(out: Path, mxfp4: bool, pretrain: bool = True) -> None:
             if "experts" in name and param.dim() >= 2:
                 param.normal_(0.0, 0.02)
     if pretrain:
-        _pretrain(model, tokenizer)
+        _pretrain(model, tokenizer, tools)
     if mxfp4:
         _save_mxfp4(model, out)
     else:
@@ -152,18 +159,27 @@ def _build(out: Path, mxfp4: bool, pretrain: bool = True) -> None:
     tokenizer.save_pretrained(out)
 
 
-def pretraining_conversations(count: int, seed: int) -> list[list[dict]]:
+def pretraining_conversations(count: int, seed: int, tools: bool = False) -> list:
     """Half: the sample's rows as they are; half: harmony conversations assembled from parts of different rows
     (the format on its own). Every other conversation drops the developer instructions, so a bare
-    'reasoning language: X' system prompt (what `toolkit invoke` sends) is as familiar as the sample's."""
+    'reasoning language: X' system prompt (what `toolkit invoke` sends) is as familiar as the sample's. With
+    `tools`, every third conversation is a row of the tool-calling sample (normalized for harmony)."""
     import random
 
+    from . import harmony
     from .data import SAMPLE_PATH, to_messages
+    from .settings import SAMPLES, TOOL_SAMPLE_DATASET
 
     rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines() if line.strip()]
+    tool_text = (SAMPLE_PATH.parent / SAMPLES[TOOL_SAMPLE_DATASET]).read_text()
+    tool_rows = [json.loads(line) for line in tool_text.splitlines() if line.strip()] if tools else []
     rng = random.Random(seed)
-    conversations = []
+    conversations: list = []
     for index in range(count):
+        if tool_rows and index % 3 == 2:
+            row = tool_rows[rng.randrange(len(tool_rows))]
+            conversations.append(harmony.normalize(row, row["messages"], "medium"))
+            continue
         if index % 2 == 0:
             row = dict(rows[rng.randrange(len(rows))])
         else:
@@ -175,7 +191,7 @@ def pretraining_conversations(count: int, seed: int) -> list[list[dict]]:
     return conversations
 
 
-def _pretrain(model, tokenizer) -> None:
+def _pretrain(model, tokenizer, tools: bool = False) -> None:
     """Next-token training on every token of the pre-training conversations, all weights.
 
     The softmax runs over the tokens the text uses (~900 of 201,088): 200x cheaper on a CPU. The LM head rows of
@@ -188,7 +204,7 @@ def _pretrain(model, tokenizer) -> None:
 
     from .data import _tokenize
 
-    encoded = _tokenize(pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"]), tokenizer)
+    encoded = _tokenize(pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"], tools), tokenizer)
     sequences = [torch.tensor(ids) for ids in encoded["input_ids"]]
     used = torch.unique(torch.cat(sequences))
     to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)

@@ -18,6 +18,10 @@ class DeployError(Failed):
     """A deployment step failed (exit 1); the message says what to do."""
 
 
+class Refused(DeployError):
+    """A check of what a deployment serves failed (exit 1): the deployment is not kept (endpoint.Endpoints.undo)."""
+
+
 class DeployInputError(BadInput, DeployError):
     """A deployment cannot start: bad input or a missing resource (exit 2; still a DeployError)."""
 

@@ -29,7 +29,7 @@ from typing import Any
 from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.names import sagemaker_name_problem
-from toolkit.deploy import DeployError, DeployInputError, vllm_environment
+from toolkit.deploy import DeployError, DeployInputError, Refused, vllm_environment
 from toolkit.deploy.endpoint import VARIANT, Endpoints, EndpointState, Request, _digest, production_variant
 
 COMPONENT_BUSY = {"Creating", "Updating", "Deleting"}
@@ -269,7 +269,10 @@ class AdapterEndpoints(Endpoints):
         model_data: str,
         on_status: Callable[[str], None] | None = None,
         poll_seconds: float = 30,
+        verify: Callable[[], None] | None = None,
     ) -> EndpointState:
+        """`verify` runs once the adapter serves; a `Refused` from it leaves the components as they are (other
+        fine-tunes share the base) and says how to remove this one."""
         report = on_status or (lambda _: None)
         planned = self.requests(image_uri, model_data)
         previous = self.describe()
@@ -297,6 +300,12 @@ class AdapterEndpoints(Endpoints):
             f"{self.name}-"
         ):
             self.sagemaker.delete_model(ModelName=previous_base)
+        if verify is not None:
+            try:
+                verify()
+            except Refused as exc:
+                raise type(exc)(f"{exc}. The adapter component {self.adapter} was left serving: remove it with "
+                                f"`toolkit endpoint delete` (the base and other adapters stay)") from None  # fmt: skip
         return EndpointState(self.name, "InService", config_name, f"adapter {self.adapter} on {self.base}", operations)
 
     def _pack(self, source: str, bucket: str, key: str) -> None:

@@ -2,7 +2,9 @@
 
 Model and endpoint-config names carry a hash of everything that defines a deployment: a re-run with the same
 inputs changes nothing, a changed one creates new resources next to the serving ones. The old ones are deleted
-only after the new config serves; a failed update is rolled back by SageMaker and reported, the old config serving.
+only after the new config serves and passes `verify` (deploy's prompt-parity check); a failed update is rolled back
+by SageMaker and reported, the old config serving. A deployment that serves but fails `verify` is undone: a new
+endpoint deleted with its config and model, an update rolled back to the config that served before.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from toolkit import aws, digest
 from toolkit.config import Config
-from toolkit.deploy import DeployError, DeployInputError, vllm_environment
+from toolkit.deploy import DeployError, DeployInputError, Refused, vllm_environment
 from toolkit.targets.base import TargetError
 
 VARIANT = "AllTraffic"
@@ -193,8 +195,12 @@ class Endpoints:
         model_data: str,
         on_status: Callable[[str], None] | None = None,
         poll_seconds: float = 30,
+        verify: Callable[[], None] | None = None,
     ) -> EndpointState:
-        """Create or update the endpoint and wait until it serves. Safe to re-run."""
+        """Create or update the endpoint and wait until it serves. Safe to re-run.
+
+        `verify` runs once it serves (before the replaced config is deleted); a `Refused` from it undoes the
+        deployment (`undo`) and is raised again with what was undone."""
         report = on_status or (lambda _: None)
         planned = self.requests(image_uri, model_data)
         previous = self.describe()
@@ -219,9 +225,39 @@ class Endpoints:
         if planned:
             self._apply_autoscaling()
         state.actions = [r.operation for r in planned]
+        if verify is not None:
+            try:
+                verify()
+            except Refused as exc:
+                undone = self.undo(planned, previous, report, poll_seconds)
+                raise type(exc)(f"{exc}. {undone}") from None
         if updating and previous:
             self._delete_config_and_model(previous["EndpointConfigName"])
         return state
+
+    def undo(
+        self, planned: list[Request], previous: dict | None, report: Callable[[str], None], poll_seconds: float
+    ) -> str:
+        """Put the endpoint back as it was before `planned` ran; says what was done."""
+        operations = [r.operation for r in planned]
+        if "update_endpoint" in operations and previous:
+            old, new = previous["EndpointConfigName"], self.describe()
+            report(f"update_endpoint {self.name} (back to {old})")
+            self._deregister_autoscaling()
+            self.sagemaker.update_endpoint(EndpointName=self.name, EndpointConfigName=old,
+                                           DeploymentConfig=self._deployment_config())  # fmt: skip
+            self._wait(old, report, poll_seconds)
+            self._apply_autoscaling()
+            if new is not None and new["EndpointConfigName"] != old:
+                self._delete_config_and_model(new["EndpointConfigName"])
+            return f"Rolled back: endpoint {self.name} serves {old} again"
+        if "create_endpoint" in operations:
+            report(f"delete_endpoint {self.name}")
+            self.delete()
+            self._wait_deleted(poll_seconds)
+            return f"The new endpoint {self.name} was deleted, with its config and model"
+        return f"Endpoint {self.name} already served this model and was left as it was: fix it, or delete it " \
+               f"(toolkit endpoint delete)"  # fmt: skip
 
     def _wait(self, config_name: str, report: Callable[[str], None], poll_seconds: float) -> EndpointState:
         while True:

@@ -2,14 +2,32 @@
 trains (tools, tool results, multi-turn with and without tool calls, each reasoning effort, the developer prompt
 present and absent), the prompt token ids a running vLLM renders (`return_token_ids`) must equal the ids training
 renders for the same conversation up to the assistant turn being generated (toolkit_train/harmony.py).
-`toolkit deploy --target local` runs it against the server it started and refuses to finish on drift.
+`toolkit deploy` runs it against the model it serves, on a SageMaker endpoint (through InvokeEndpoint, the OpenAI
+body on the container's /invocations route) and locally (`--target local`), and refuses to finish on drift
+(`PromptDrift`, exit 1). The corpus is harmony's: it applies to gpt-oss models, which vLLM renders with harmony.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from toolkit.deploy import Refused
+
+if TYPE_CHECKING:
+    from toolkit.config import Config
+
+
+class PromptDrift(Refused):
+    """The served model renders a request differently from training (exit 1); the message names the feature and
+    the first differing token."""
+
+
+def applies(config: Config) -> bool:
+    """Whether the corpus is the model's format: gpt-oss (harmony). Another family's prompts are its template's."""
+    return config.model.is_gpt_oss
+
 
 WEATHER = {
     "type": "function",
@@ -134,9 +152,26 @@ def drift(send: Callable[[dict], dict], model: str) -> list[str]:
             )
             served = reply.get("prompt_token_ids") or []
             if served[:-2] != trained or expected[:-2] != trained:
-                at = next((i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), len(trained))
-                problems.append(
-                    f"{name} (turn {turn + 1}, after message {upto}): the served prompt differs from "
-                    f"training's at token {at} of {len(trained)}"
-                )
+                problems.append(f"{name} (turn {turn + 1}, after message {upto}): {_first_difference(served, trained)}")
     return problems
+
+
+def _first_difference(served: list[int], trained: list[int]) -> str:
+    from toolkit_train import harmony
+
+    at = next((i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), len(trained))
+
+    def token(ids: list[int]) -> str:
+        return f"{harmony.encoding().decode([ids[at]])!r} ({ids[at]})" if at < len(ids) else "the prompt's end"
+
+    return (f"the served prompt differs from training's at token {at} of {len(trained)}: served {token(served)}, "
+            f"trained {token(trained)}")  # fmt: skip
+
+
+def check(send: Callable[[dict], dict], model: str) -> None:
+    """PromptDrift (one line: the first differing feature and token, and how many requests differ) unless the
+    served prompts are the trained prompts for the whole corpus."""
+    problems = drift(send, model)
+    if problems:
+        more = f" (and {len(problems) - 1} more of the corpus's requests)" if len(problems) > 1 else ""
+        raise PromptDrift(f"the served prompt is not the trained prompt: {problems[0]}{more}")
