@@ -375,16 +375,20 @@ def evaluate(
     on_row: Callable[[str, Any], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     overrides: Sequence[str] = (),
+    tasks: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Generate on the held-out rows (data.eval) with the base and the fine-tuned model and score both.
 
     `target="local"`: vLLM on this machine serves each in turn (toolkit/evaluate). Writes runs/<name>/eval/
     (report.json, report.md, metrics.png, loss.png) and returns the report with `written` (those paths).
+    `tasks` ("a,b" or a list): lm-evaluation-harness tasks run against each server too (report["benchmarks"]);
+    a name the harness does not know raises EvalInputError before any server starts.
     """
     import json
 
     from toolkit.deploy.local import model_dir as trained_dir
     from toolkit.evaluate import EvalInputError, evaluate_local, require_held_out
+    from toolkit.evaluate.benchmarks import parse_tasks
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
@@ -392,7 +396,8 @@ def evaluate(
     if target != "local":
         raise EvalInputError(f"--target {target}: toolkit eval serves the models itself on this machine (local)")
     directory = trained_dir(cfg, model_dir)
-    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status)
+    names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
+    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results)
     run_file = directory / "run.json"
     run = json.loads(run_file.read_text()) if run_file.is_file() else None
