@@ -96,9 +96,10 @@ def markdown(report: dict[str, Any], validation: dict[str, float | None] | None 
         ci = f"[{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]" if m["ci95"] else "-"
         diff = "-" if m["difference"] is None else f"{m['difference']:+.3f}"
         lines.append(f"| {name} | {m['rows']} | {_num(m[base])} | {_num(m[tuned])} | {diff} | {ci} |")
-    if validation and validation.get("eval_loss") is not None:  # lower is better; base: step 0 of training
-        before, after = validation.get("base_eval_loss"), float(validation["eval_loss"])
-        diff = "-" if before is None else f"{after - float(before):+.3f}"
+    after = (validation or {}).get("eval_loss")
+    if validation and after is not None:  # lower is better; base: step 0 of training
+        before = validation.get("base_eval_loss")
+        diff = "-" if before is None else f"{after - before:+.3f}"
         lines.append(f"| validation loss (lower is better) | {validation.get('rows', '-')} | {_num(before)} | "
                      f"{after:.3f} | {diff} | - |")  # fmt: skip
     for task, section in (report.get("benchmarks") or {}).items():
