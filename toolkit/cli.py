@@ -883,9 +883,17 @@ def eval_(
         str | None, typer.Option(help="endpoint: the endpoint serving the candidate (e.g. a staging one).")
     ] = None,
     model_dir: Annotated[str | None, typer.Option(help="The trained model (default: training output).")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="Score only the first N held-out rows.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Score only the first N held-out rows (and task rows).")
+    ] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="New tokens per generated reply.")] = 256,
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight per model.")] = 4,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            help="lm-evaluation-harness tasks too, comma-separated (bundled: toolkit_numbers); --limit applies to each."
+        ),
+    ] = None,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -896,18 +904,18 @@ def eval_(
 
     cfg = load(source, set_)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
-    tasks: dict = {}
+    bars: dict = {}
 
     def on_row(label: str, generated) -> None:
-        if label not in tasks:
-            tasks[label] = progress.add_task(f"generating ({label})", total=None)
-        progress.advance(tasks[label])
+        if label not in bars:
+            bars[label] = progress.add_task(f"generating ({label})", total=None)
+        progress.advance(bars[label])
 
     try:
         with progress:
             report = sdk.evaluate(cfg, target, model_dir, limit, max_tokens, concurrency, on_row,
                                   lambda line: progress.console.print(line, highlight=False, markup=False),
-                                  candidate_endpoint=candidate_endpoint)  # fmt: skip
+                                  candidate_endpoint=candidate_endpoint, tasks=tasks)  # fmt: skip
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if as_json:

@@ -412,13 +412,16 @@ def evaluate(
     on_status: Callable[[str], None] | None = None,
     overrides: Sequence[str] = (),
     candidate_endpoint: str | None = None,
+    tasks: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both.
 
     `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate).
     `target="endpoint"`: through SageMaker: the baseline is what the config's endpoint serves now, the candidate
     what `candidate_endpoint` serves. Writes runs/<name>/eval/ (report.json, report.md, metrics.png, loss.png) and
-    returns the report with `written` (those paths).
+    returns the report with `written` (those paths). `tasks` ("a,b" or a list, local only): lm-evaluation-harness
+    tasks run against each server too (report["benchmarks"]); a name the harness does not know raises
+    EvalInputError before any server starts.
     """
     import json
 
@@ -432,6 +435,7 @@ def evaluate(
         require_held_out,
         scored_model,
     )
+    from toolkit.evaluate.benchmarks import parse_tasks
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
@@ -446,7 +450,8 @@ def evaluate(
     if target != "local":
         raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
     directory = trained_dir(cfg, model_dir)
-    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status)
+    names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
+    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results, scored_model=scored_model(cfg, directory))
     run_file = directory / "run.json"
     run = json.loads(run_file.read_text()) if run_file.is_file() else None

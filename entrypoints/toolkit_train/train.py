@@ -229,6 +229,8 @@ def sft_config(settings: TrainSettings, paths: Paths):
     split = settings.data.eval
     if split is not None and split.steps:  # and always once at the end (train())
         extra.update(eval_strategy="steps", eval_steps=split.steps)
+    if split is not None:  # step 0: the base model's validation loss (LoRA starts as the identity), for toolkit eval
+        extra.update(eval_on_start=True)
     return SFTConfig(
         output_dir=str(paths.checkpoints),
         per_device_train_batch_size=1 if t.packing else t.per_device_batch_size,

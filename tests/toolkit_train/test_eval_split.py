@@ -40,11 +40,12 @@ def test_held_out_rows_give_a_validation_loss_and_never_reach_training(tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     evals = [line for line in result.stdout.splitlines() if line.startswith("[metrics]") and "eval_loss=" in line]
-    assert [line.split()[1] for line in evals] == ["step=2/4", "step=4/4", "step=4/4"], evals  # every 2 steps + end
+    # before training (the base model: LoRA starts as the identity), every 2 steps, and at the end
+    assert [line.split()[1] for line in evals] == ["step=0/4", "step=2/4", "step=4/4", "step=4/4"], evals
     run = json.loads((root / "model" / "run.json").read_text())
     assert run["data"]["rows_out"] == 18 and run["data"]["eval"]["rows_out"] == 6  # 24 sample rows, a quarter held out
     assert run["eval_loss"] == pytest.approx(float(evals[-1].split("eval_loss=")[1]), abs=1e-4)
-    assert sum("eval_loss" in entry for entry in run["log_history"]) == 3
+    assert sum("eval_loss" in entry for entry in run["log_history"]) == 4
 
     settings = load_config("tiny-gpt-oss-local", overrides).train_settings()
     kept, held = split_rows(load_rows(settings.data.source), settings.data)

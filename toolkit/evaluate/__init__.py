@@ -9,6 +9,8 @@ model against the base model in the same run.
 - Scores (toolkit/evaluate/scoring.py): ROUGE-L and chrF of the final channel against the reference; whether the
   analysis channel is in the requested language; format validity (both channels, no special tokens, stop reached,
   no runaway repetition).
+- Benchmarks (toolkit/evaluate/benchmarks.py, `tasks`): lm-evaluation-harness tasks against the same server, for
+  each model, after its held-out rows.
 - Report (toolkit/evaluate/report.py): base vs fine-tuned per metric with the paired difference and a bootstrap
   confidence interval; report.json, report.md and chart PNGs under runs/<name>/eval/.
 """
@@ -57,6 +59,8 @@ class ModelResult:
     served: str  # what was served (a directory, an adapter name)
     generated: list[Generated] = field(default_factory=list)
     seconds: float = 0.0
+    benchmarks: list[Any] = field(default_factory=list)  # benchmarks.TaskResult per task asked for
+    benchmark_seconds: float = 0.0
 
 
 def require_held_out(config: Config) -> None:
@@ -187,11 +191,18 @@ def evaluate_local(
     concurrency: int = 4,
     on_row: Callable[[str, Generated], None] | None = None,
     on_status: Callable[[str], None] | None = None,
+    tasks: list[str] | None = None,
 ) -> list[ModelResult]:
-    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other, and generate."""
+    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other, and generate;
+    with `tasks`, run those lm-evaluation-harness tasks against each server too (names checked first)."""
     from toolkit.deploy.client import ChatClient
 
     rows = eval_rows(config, limit)
+    manager = None
+    if tasks:
+        from toolkit.evaluate import benchmarks
+
+        manager = benchmarks.task_manager(tasks)  # an unknown name stops here, before any server starts
     results = []
     for label, directory in served_models(config, model_dir):
         log = Path("runs") / config.name / "eval" / f"serve-{label}.log"
@@ -201,7 +212,15 @@ def evaluate_local(
             client = ChatClient.for_url(url, config.name)
             started = time.monotonic()
             generated = generate(client, rows, max_tokens, concurrency, _labelled(on_row, label))
-            results.append(ModelResult(label, str(directory), generated, round(time.monotonic() - started, 2)))
+            result = ModelResult(label, str(directory), generated, round(time.monotonic() - started, 2))
+            if tasks:
+                if on_status:
+                    on_status(f"lm-evaluation-harness: {', '.join(tasks)} on the {label} model")
+                started = time.monotonic()
+                arguments = benchmarks.harness_arguments(url, config.name, tasks, limit, concurrency, max_tokens)
+                result.benchmarks = benchmarks.run(manager, arguments)
+                result.benchmark_seconds = round(time.monotonic() - started, 2)
+            results.append(result)
     return results
 
 

@@ -72,11 +72,18 @@ def build(
             "difference": statistics.fmean(differences) if pairs else None,
             "ci95": list(interval) if interval else None,
         }
-    return {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
-            "models": models,
-            "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
-                                                                          strict=True)]
-                     for label in by_label}}  # fmt: skip
+    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
+              "models": models,
+              "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
+                                                                            strict=True)]
+                       for label in by_label}}  # fmt: skip
+    if any(getattr(r, "benchmarks", None) for r in results):  # lm-evaluation-harness tasks (--tasks)
+        from toolkit.evaluate.benchmarks import compare
+
+        report["benchmarks"] = compare({r.label: r.benchmarks for r in results}, baseline, candidate)
+        for label, result in by_label.items():
+            models[label]["benchmark_seconds"] = result.benchmark_seconds
+    return report
 
 
 def _problems(generated: list[Any]) -> dict[str, list[str]]:
@@ -98,14 +105,38 @@ def markdown(report: dict[str, Any], validation: dict[str, float | None] | None 
         ci = f"[{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]" if m["ci95"] else "-"
         diff = "-" if m["difference"] is None else f"{m['difference']:+.3f}"
         lines.append(f"| {name} | {m['rows']} | {_num(m[base])} | {_num(m[tuned])} | {diff} | {ci} |")
-    if validation and validation.get("eval_loss") is not None:
-        lines.append(f"| validation loss (training) | {validation.get('rows', '-')} | - | "
-                     f"{validation['eval_loss']:.3f} | - | - |")  # fmt: skip
+    after = (validation or {}).get("eval_loss")
+    if validation and after is not None:  # lower is better; base: step 0 of training
+        before = validation.get("base_eval_loss")
+        diff = "-" if before is None else f"{after - before:+.3f}"
+        lines.append(f"| validation loss (lower is better) | {validation.get('rows', '-')} | {_num(before)} | "
+                     f"{after:.3f} | {diff} | - |")  # fmt: skip
+    for task, section in (report.get("benchmarks") or {}).items():
+        lines += _benchmark_table(task, section, base, tuned)
     for label, model in report["models"].items():
         if model["failed"]:
             names = ", ".join(f["row"] for f in model["failed"])
             lines.append(f"\n{label}: {len(model['failed'])} of {model['rows']} rows failed to generate: {names}")
     return "\n".join(lines) + "\n"
+
+
+def _benchmark_table(task: str, section: dict[str, Any], base: str, tuned: str) -> list[str]:
+    """One lm-evaluation-harness task: per metric (metric,filter as the harness names them) both models, their
+    standard errors and the paired per-document difference."""
+    rows = section["rows"]
+    counts = " / ".join(f"{label} {n}" for label, n in rows.items())
+    lines = [f"\nlm-evaluation-harness task {task} ({counts} rows):\n",
+             f"| metric | {base} | {tuned} | difference | 95% CI (bootstrap) |", "|---|---|---|---|---|"]  # fmt: skip
+    for name, m in section["metrics"].items():
+        ci = f"[{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]" if m["ci95"] else "-"
+        diff = "-" if m["difference"] is None else f"{m['difference']:+.3f}"
+        cells = [_with_stderr(m[base], m[f"{base}_stderr"]), _with_stderr(m[tuned], m[f"{tuned}_stderr"])]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {diff} | {ci} |")
+    return lines
+
+
+def _with_stderr(value: float | None, stderr: float | None) -> str:
+    return _num(value) + (f" ± {stderr:.3f}" if value is not None and stderr is not None else "")
 
 
 def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) -> dict[str, str]:
@@ -115,6 +146,7 @@ def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) 
     if run is not None:
         validation = {
             "eval_loss": run.get("eval_loss"),
+            "base_eval_loss": base_eval_loss(run.get("log_history") or []),
             "rows": (run.get("data") or {}).get("eval", {}).get("rows_out"),
         }
         report["validation"] = validation  # the returned report shows it too
@@ -126,6 +158,12 @@ def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) 
         written["curves"] = out / "loss.png"
         loss_curves(run["log_history"], written["curves"])
     return {k: str(v) for k, v in written.items()}
+
+
+def base_eval_loss(log_history: list[dict[str, Any]]) -> float | None:
+    """The validation loss training measured before its first step (eval_on_start): the base model's, since LoRA
+    starts as the identity. None for a run that did not measure it."""
+    return next((e["eval_loss"] for e in log_history if e.get("step") == 0 and "eval_loss" in e), None)
 
 
 def _pyplot():
