@@ -54,26 +54,21 @@ def load_tokenizer(settings: ModelSettings):
     return tokenizer
 
 
-def load_model(settings: ModelSettings, device_map: str | dict | None = None):
+def load_model(settings: ModelSettings, device_map: str | dict | None = None, *, weights: bool = True):
     """The base model in the compute dtype; MXFP4 experts are dequantized so LoRA can train on them, or kept
-    packed (`model.experts: mxfp4`)."""
+    packed (`model.experts: mxfp4`). weights=False: the architecture alone, no checkpoint file read
+    (`empty_model`)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(settings)
     if settings.experts == "mxfp4":
         return load_packed_model(settings, path)
-    kwargs: dict = {
-        "dtype": compute_dtype(settings),
-        "attn_implementation": attention_implementation(settings),
-        "revision": settings.revision,
-    }
+    kwargs = _build_kwargs(settings)
+    if not weights:
+        return empty_model(settings, path, kwargs)
+    kwargs["revision"] = settings.revision
     if device_map is not None:
         kwargs["device_map"] = device_map
-    if settings.family.fused_experts:
-        from .moe import register
-
-        register()
-        kwargs["experts_implementation"] = settings.experts_implementation
     if settings.dequantize_mxfp4 and is_mxfp4_checkpoint(path, settings.revision):
         from transformers.utils.quantization_config import Mxfp4Config
 
@@ -81,6 +76,53 @@ def load_model(settings: ModelSettings, device_map: str | dict | None = None):
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False  # training: the KV cache only costs memory
     return model
+
+
+def _build_kwargs(settings: ModelSettings) -> dict:
+    kwargs: dict = {"dtype": compute_dtype(settings), "attn_implementation": attention_implementation(settings)}
+    if settings.family.fused_experts:
+        from .moe import register
+
+        register()
+        kwargs["experts_implementation"] = settings.experts_implementation
+    return kwargs
+
+
+def empty_model(settings: ModelSettings, path: str, kwargs: dict):
+    """The model `load_model` would load, built on the meta device from the checkpoint's config alone: no weight
+    file is read and no host memory is taken for the weights. For the FSDP ranks that receive their shards from
+    rank 0 (train.reads_checkpoint): accelerate's `cpu_ram_efficient_loading` shards the meta model and broadcasts
+    rank 0's tensors into the shards. What no checkpoint holds and FSDP does not broadcast, the non-persistent
+    buffers (gpt-oss's rotary inv_freq), would stay on meta: they are given CPU storage and computed by transformers'
+    own initializer for their modules (`_init_weights`, the way from_pretrained fills them after its meta build)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, revision=settings.revision)
+    quantized = getattr(config, "quantization_config", None) is not None
+    if quantized and settings.dequantize_mxfp4 and is_mxfp4_checkpoint(path, settings.revision):
+        del config.quantization_config  # rank 0 dequantizes the experts: plain bf16 experts, as built here
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    owners: set[str] = set()
+    for name, buffer in list(model.named_non_persistent_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner).register_buffer(leaf, torch.empty_like(buffer, device="cpu"), persistent=False)
+        owners.add(owner)
+    with torch.no_grad():
+        for owner in sorted(owners):
+            model._init_weights(model.get_submodule(owner))
+    left = sorted(name for name, buffer in model.named_non_persistent_buffers() if buffer.is_meta)
+    if left:
+        raise RuntimeError(f"non-persistent buffers left on the meta device: {', '.join(left[:3])}")
+    model.config.use_cache = False
+    return model
+
+
+def model_signature(model) -> list[tuple[str, tuple[int, ...], str]]:
+    """Every state_dict entry in order, with shape and dtype: what FSDP's rank-0 broadcast pairs tensor by tensor
+    (a rank whose model differs would receive another tensor's bytes, or hang)."""
+    return [(name, tuple(t.shape), str(t.dtype)) for name, t in model.state_dict().items()]
 
 
 def load_packed_model(settings: ModelSettings, path: str):

@@ -46,6 +46,7 @@ from .settings import (
     from_hyperparameters,
 )
 
+HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # every rank's, when training begins (callbacks: HostMemory)
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 # Tests only (tests/toolkit/targets/test_faults.py): kill the run's whole process tree with SIGKILL at the named
 # moment, to prove that what a kill leaves behind is complete or ignored. Unset in every job.
@@ -54,6 +55,9 @@ SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # tests only: a checkpoint sav
 # Tests only (tests/entrypoints/test_eval_split.py): append every training micro-batch's input_ids to this JSON
 # Lines file, to prove that held-out rows never reach training. Unset in every job.
 BATCH_LOG_ENV = "TOOLKIT_TEST_BATCH_LOG"
+# Tests and bench only (tests/toolkit_train/test_fsdp_load.py, bench/fsdp_load_memory.py): every FSDP rank reads the
+# whole base model, as before rank-0 loading (the path they compare against). Unset in every job.
+FSDP_EVERY_RANK_LOADS_ENV = "TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS"
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,29 @@ def with_batch_log(trainer_class: Any, log_file: Path) -> Any:
     return BatchLogged
 
 
+def with_fsdp_on_cpu(trainer_class: Any) -> Any:
+    """accelerate 1.15 turns FSDP on only for accelerator devices: on CPU its state stays MULTI_CPU, drops the FSDP
+    plugin and wraps the model in DDP, so `training.distributed: fsdp` silently trained as DDP on a CPU run (the
+    tests). FSDP2 itself shards and trains on CPU over gloo: here the accelerator's state is switched to FSDP with
+    the plugin the Trainer built from the config, as accelerate's own state does on a GPU, before anything is
+    prepared (in PartialState's shared state too: every later AcceleratorState() copies its distributed_type)."""
+
+    class FsdpOnCpu(trainer_class):
+        def create_accelerator_and_postprocess(self) -> None:
+            from accelerate import PartialState
+            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+            super().create_accelerator_and_postprocess()
+            state = self.accelerator.state
+            if state.distributed_type == DistributedType.MULTI_CPU and self.args.fsdp_plugin_args is not None:
+                PartialState().distributed_type = DistributedType.FSDP
+                state.distributed_type = DistributedType.FSDP
+                state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
+                self.is_fsdp_enabled = True
+
+    return FsdpOnCpu
+
+
 def log(message: str) -> None:
     if rank() == 0:
         print(f"[toolkit] {message}", flush=True)
@@ -176,6 +203,20 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     return dataset, stats, eval_dataset, eval_stats
 
 
+def loads_from_rank0(settings: TrainSettings) -> bool:
+    """FSDP: rank 0 alone reads the base model; every other rank builds it on the meta device (model.empty_model,
+    no weight file read, no host memory for the weights) and receives its shards from rank 0 when accelerate
+    prepares the model (`cpu_ram_efficient_loading`: FSDP2's fsdp2_load_full_state_dict broadcasts rank 0's
+    tensors over the world group into each rank's shards; FSDP1's `sync_module_states` did the same). gpt-oss-120b
+    with bf16 experts is ~218 GiB on the host: read by every rank it was 8x that on one p5 node, now 1x on the
+    first node and none on the others (what another node's rank read would be thrown away: the broadcast's source
+    is the global rank 0). transformers' own switch for this (FSDP_CPU_RAM_EFFICIENT_LOADING, is_fsdp_enabled())
+    is not enough in 5.24: from_pretrained still reads and materializes every checkpoint tensor on every rank
+    (modeling_utils._load_pretrained_model has no FSDP branch); it only stops non-zero local ranks from
+    initializing what they will receive."""
+    return settings.training.distributed == "fsdp" and not os.environ.get(FSDP_EVERY_RANK_LOADS_ENV)
+
+
 def use_checkpointing(settings: TrainSettings) -> bool:
     """`auto`, measured on gpt-oss-20b at 8k-token micro-batches: 92 GB without recomputation, 60 GB with."""
     import torch
@@ -223,6 +264,7 @@ def sft_config(settings: TrainSettings, paths: Paths):
             "use_orig_params": True,
             "activation_checkpointing": use_checkpointing(settings),
             "state_dict_type": "SHARDED_STATE_DICT",
+            "cpu_ram_efficient_loading": loads_from_rank0(settings),  # ranks other than 0 hold a meta model
         }
     if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
         extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
@@ -349,7 +391,18 @@ def callbacks(settings: TrainSettings):
         def on_step_begin(self, args, state, control, **kwargs):
             fault_point(f"step-{state.global_step + 1}")  # killed while that step runs
 
-    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit)]
+    class HostMemory(TrainerCallback):
+        """Each rank's host memory peak once the model is loaded, sharded and resumed (the model reaches every rank
+        before training begins): what decides whether a node's RAM holds the load (train.loads_from_rank0)."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            import resource
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+            world = os.environ.get("WORLD_SIZE", "1")
+            print(f"{HOST_PEAK_PREFIX}{peak:.3f} GiB (rank {rank()} of {world}, model loaded and prepared)", flush=True)
+
+    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit), HostMemory()]
     return [*hooks, FaultPoints()] if os.environ.get(FAULT_POINT_ENV) else hooks
 
 
@@ -536,7 +589,12 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if finished_training(settings, resume):
         assert resume is not None
         return finish_from_checkpoint(settings, paths, resume, data_stats)
-    model = add_lora(load_model(settings.model), settings.lora, settings.training.seed)
+    from_rank0 = loads_from_rank0(settings)
+    reads = rank() == 0 or not from_rank0
+    model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
+    if from_rank0:
+        log("FSDP: rank 0 read the base model; the other ranks built it on the meta device and receive their shards "
+            "from rank 0")  # fmt: skip
     fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
@@ -557,6 +615,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))
         fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
         trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
+    if settings.training.distributed == "fsdp":
+        trainer_class = with_fsdp_on_cpu(trainer_class)
     if os.environ.get(FAULT_POINT_ENV):
         trainer_class = with_fault_points(trainer_class)
     if os.environ.get(BATCH_LOG_ENV):
@@ -571,6 +631,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         **extra,
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
+    if from_rank0:
+        check_same_model(model)
     KEEP_UNTIL_EXIT.append(trainer)
     if resume:
         log(f"resuming from {resume}")
@@ -629,6 +691,28 @@ def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def check_same_model(model) -> None:
+    """Rank 0's loaded model and the others' meta-built ones must be the same tensors in the same order before
+    FSDP pairs them up in its broadcast; a mismatch would fill shards with another tensor's bytes, or hang."""
+    import hashlib
+
+    import torch.distributed as dist
+
+    from .model import model_signature
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    mine = hashlib.sha256(repr(model_signature(model)).encode()).hexdigest()
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, mine)
+    differ = [r for r, sig in enumerate(seen) if sig != seen[0]]
+    if differ:
+        raise RuntimeError(
+            f"rank(s) {differ} built a model whose tensors differ from the one rank 0 loaded (names, shapes or "
+            "dtypes): FSDP cannot broadcast rank 0's weights into them"
+        )
 
 
 def check_ranks_agree(model) -> None:
