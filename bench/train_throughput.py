@@ -304,21 +304,13 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         # the CUDA context, kernels and libraries' workspaces: the rest of what a GPU must have
         "outside_allocator_gb": round(outside_allocator_bytes() / 1e9, 1) if torch.cuda.is_available() else 0,
         **({"memory_at_peak": MEMORY_AT_PEAK} if MEMORY_AT_PEAK else {}),
-        **({"profile": kernel_profile(profiler)} if profiler else {}),
+        **({"profile": profile_row(profiler, stamps, lora_ranks(model))} if profiler else {}),
         "mfu": round(rate * flops_per_token(checkpointing, size, max_length) / PEAK_BF16_FLOPS, 3),
     }
 
 
-# --profile: GPU time of the measured steps by kernel class, from kernel names (torch.profiler; the warm-up and
-# compile steps are skipped). The classes are what a lever would act on; "other" is listed by its top kernels.
-KERNEL_CLASSES = [
-    ("expert GEMMs (grouped)", ("grouped_mm", "grouped_gemm", "gmm", "ptr_array", "group_gemm")),
-    ("attention", ("flex_attention", "flash", "fmha", "attention", "sdpa")),
-    ("dense GEMMs (projections, LoRA, lm_head)", ("gemm", "nvjet", "xmma", "cutlass", "cublas", "matmul", "sm90")),
-    ("optimizer", ("adam", "multi_tensor", "foreach")),
-    ("MXFP4 dequantization", ("mxfp4", "dequant", "e2m1")),
-    ("communication", ("nccl",)),
-]
+# --profile: GPU time of the measured steps by kernel class (bench/kernel_profile.py: torch.profiler, kernels linked
+# to the ops that launched them; the warm-up and compile steps are skipped).
 PROFILE = False
 
 
@@ -328,8 +320,10 @@ def _profiler(trainer, warmup: int, steps: int):
     from torch.profiler import ProfilerActivity, profile, schedule
     from transformers import TrainerCallback
 
-    active = max(steps - 1, 1)
-    prof = profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=warmup, warmup=1, active=active))
+    clean = 1 if steps >= 3 else 0  # the first measured step runs with no profiler: its wall time is the clean one
+    active = max(steps - 1 - clean, 1)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                   schedule=schedule(wait=warmup + clean, warmup=1, active=active))  # fmt: skip
 
     class Step(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -337,36 +331,27 @@ def _profiler(trainer, warmup: int, steps: int):
 
     trainer.add_callback(Step())
     prof.steps_profiled = active  # type: ignore[attr-defined]
+    prof.clean_step = warmup if clean else None  # type: ignore[attr-defined]  # its index in the step clock
     return prof
 
 
-def kernel_profile(prof) -> dict:
-    """Per-step GPU milliseconds by kernel class, and the top kernels of each class."""
-    totals: dict[str, float] = {}
-    top: dict[str, list] = {}
-    for event in prof.key_averages():
-        micros = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-        if not micros or event.key.startswith("ProfilerStep"):
-            continue
-        name = event.key.lower()
-        kind = next((label for label, keys in KERNEL_CLASSES if any(k in name for k in keys)), "other (elementwise, "
-                    "fused triton, copies, reductions)")  # fmt: skip
-        totals[kind] = totals.get(kind, 0.0) + micros
-        top.setdefault(kind, []).append((micros, event.key[:90]))
-    steps = prof.steps_profiled
-    whole = sum(totals.values()) or 1.0
-    return {
-        "steps": steps,
-        "gpu_ms_per_step": round(whole / 1000 / steps, 1),
-        "classes": {
-            kind: {
-                "ms_per_step": round(us / 1000 / steps, 1),
-                "share": round(us / whole, 3),
-                "top": [name for _, name in sorted(top[kind], reverse=True)[:4]],
-            }
-            for kind, us in sorted(totals.items(), key=lambda kv: -kv[1])
-        },
-    }
+def profile_row(prof, stamps: list[float], lora_ranks: tuple[int, ...]) -> dict:
+    """The profiled steps' kernel classes; their wall time from the step clock (the profiler's own overhead in it)."""
+    from kernel_profile import kernel_profile
+
+    steps, clean = prof.steps_profiled, prof.clean_step
+    try:
+        row = kernel_profile(prof, steps, round((stamps[-1] - stamps[-1 - steps]) / steps, 3), lora_ranks)
+        if clean is not None:
+            row["step_s_unprofiled"] = round(stamps[clean] - stamps[clean - 1], 3)
+        return row
+    except Exception as error:  # the throughput row must survive a profiler it cannot read
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def lora_ranks(model) -> tuple[int, ...]:
+    config = getattr(model, "peft_config", {}).get("default")
+    return (config.r,) if config is not None else ()
 
 
 def outside_allocator_bytes(device=None) -> int:
