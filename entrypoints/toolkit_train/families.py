@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
+    chat_format: Literal["harmony", "template"] = "template"  # harmony: rendered by openai_harmony, parity-checked
     model_type: str | None = None  # config.json's model_type
     id_marker: str | None = None  # a hub id naming the family contains this (lower case)
     lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
@@ -39,6 +41,7 @@ class ModelFamily:
 
 GPT_OSS = ModelFamily(
     name="gpt-oss",
+    chat_format="harmony",
     model_type="gpt_oss",
     id_marker="gpt-oss",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head"),

@@ -19,7 +19,7 @@ FAMILIES_MODULE = ROOT / "entrypoints" / "toolkit_train" / "families.py"
 SERVING_COPY = ROOT / "containers" / "serving" / "serve.py"
 DATA = {"source": "builtin:multilingual-thinking-sample"}
 FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the code reading it
-    "name", "model_type", "id_marker", "lora_modules", "expert_parameters", "attention_kernels",
+    "name", "chat_format", "model_type", "id_marker", "lora_modules", "expert_parameters", "attention_kernels",
     "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu", "vllm_defaults",
 }  # fmt: skip
 
@@ -135,3 +135,15 @@ def test_no_module_branches_on_a_family_name():
                 if branch.search(line):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == [], "use the family record (toolkit_train/families.py):\n" + "\n".join(offenders)
+
+
+def test_the_prompt_parity_check_runs_for_harmony_families_only():
+    from toolkit.config import Config
+    from toolkit.deploy import parity
+
+    def config(model_id: str) -> Config:
+        return Config.model_validate({"name": "parity", "model": {"id": model_id}, "data": DATA})
+
+    for family in FAMILIES:
+        assert parity.applies(config(hub_id(family))) == (family.chat_format == "harmony")
+    assert not parity.applies(config("Qwen/Qwen3-8B"))

@@ -25,8 +25,8 @@ class PromptDrift(Refused):
 
 
 def applies(config: Config) -> bool:
-    """Whether the corpus is the model's format: gpt-oss (harmony). Another family's prompts are its template's."""
-    return config.model.is_gpt_oss
+    """Whether the corpus is the model's format: a harmony family's (gpt-oss). Another's prompts are its template's."""
+    return config.model.family.chat_format == "harmony"
 
 
 WEATHER = {
