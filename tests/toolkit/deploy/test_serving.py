@@ -7,6 +7,7 @@ client via a loopback stand-in for SageMaker's runtime front end (tests/sagemake
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -59,11 +60,17 @@ def train_for_serving(cfg):
     return job_root(cfg) / "model"
 
 
-@pytest.fixture(scope="module")
-def server(trained):
-    cfg, model = trained
+@contextlib.contextmanager
+def serving(cfg, model):
+    """A local vLLM server for a trained run's model, ready to answer; stopped on exit."""
     with LocalServer(cfg, model, port=free_port(), log=model.parent / "serve.log") as running:
         running.wait_ready(timeout=600)
+        yield running
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    with serving(*trained) as running:
         yield running
 
 

@@ -17,7 +17,6 @@ import pytest
 from toolkit import sdk
 from toolkit.config import load_config
 from toolkit.deploy.client import reply_problems
-from toolkit.deploy.local import LocalServer
 
 pytestmark = pytest.mark.integration
 PRESET = "tiny-gpt-oss-tools-local"
@@ -36,11 +35,9 @@ def tool_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool_server(tool_run):
-    from tests.toolkit.deploy.test_serving import free_port
+    from tests.toolkit.deploy.test_serving import serving
 
-    cfg, model = tool_run
-    with LocalServer(cfg, model, port=free_port(), log=model.parent / "serve.log") as running:
-        running.wait_ready(timeout=600)
+    with serving(*tool_run) as running:
         yield running
 
 
