@@ -3,18 +3,26 @@
 # format, then cached), LoRA-train it on the bundled multilingual sample through the real entrypoint, serve the
 # merged model with vLLM on this machine through the serving container's entry script, and ask it one of the
 # sample's questions (asked in German, reasoning in French). The reasoning (analysis channel) and the answer
-# (final channel) are printed apart; the demo fails unless the served model produced both.
+# (final channel) are printed apart; the demo fails unless the served model produced both. Then `toolkit eval`
+# serves the base and the fine-tuned model in turn and prints them side by side on the rows training held out
+# (validation loss, ROUGE-L, chrF, reasoning language, format validity).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WITH_SERVE=1 source scripts/env.sh
+EXTRAS=${EXTRAS:-train,eval} WITH_SERVE=1 source scripts/env.sh
 toolkit="$VENV/bin/toolkit"
+held_out=(--set data.eval.fraction=0.25 --set data.eval.steps=10)  # 6 of the sample's 24 rows, never trained on
 "$toolkit" config validate tiny-gpt-oss-local
-"$toolkit" train tiny-gpt-oss-local --fresh "$@"
-"$toolkit" deploy tiny-gpt-oss-local --target local &
+"$toolkit" train tiny-gpt-oss-local "${held_out[@]}" --fresh "$@"
+"$toolkit" deploy tiny-gpt-oss-local "${held_out[@]}" --target local &
 server=$!
-trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
+stop_server() { kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true; }
+trap stop_server EXIT
 "$toolkit" invoke tiny-gpt-oss-local "Wie viele Minuten hat ein Tag?" --reasoning-language French \
   --target local --wait 600 --max-tokens 160 --temperature 0 --check
+stop_server  # eval starts vLLM servers of its own, one model at a time (two would not fit a small machine)
 echo
-echo "The main job works: trained, merged, served by vLLM, answered with its reasoning apart."
+"$toolkit" eval tiny-gpt-oss-local "${held_out[@]}" --max-tokens 128
+echo
+echo "The main job works: trained, merged, served by vLLM, answered with its reasoning apart, and evaluated"
+echo "against its base model on the held-out rows (the table above; runs/tiny-gpt-oss-local/eval/ has the report)."
 echo "Next: toolkit lives in $VENV (source $VENV/bin/activate, or run $toolkit); see README.md, 'Use'."

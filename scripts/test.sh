@@ -32,6 +32,9 @@ if [ -z "${SKIP_DEMO:-}" ]; then
   rm -rf .venv-demo
   VENV=.venv-demo bash scripts/demo.sh 2>&1 | tee .demo.log
   grep -q "^reasoning: ." .demo.log && grep -q "^answer: ." .demo.log
+  # the base-vs-fine-tuned table: a generative metric and the validation loss, both models with a number
+  grep -qE "^\| rougeL \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
+  grep -qE "^\| validation loss \(lower is better\) \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   rm -rf .venv-demo
 fi
 CI=${CI:-1} "$VENV/bin/pytest" "$@"

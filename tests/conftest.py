@@ -58,8 +58,13 @@ def tiny_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def moto_server():
-    """A real HTTP AWS emulator (moto server) on loopback, for the whole session."""
+    """A real HTTP AWS emulator (moto server) on loopback, for the whole session; its InvokeEndpoint answers the
+    deploy's prompt-parity probe as a container rendering like training (tests/aws_emulator.py says why)."""
     from moto.server import ThreadedMotoServer
+
+    from tests.aws_emulator import render_like_training
+
+    render_like_training()
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -88,6 +88,25 @@ def _build_kwargs(settings: ModelSettings) -> dict:
     return kwargs
 
 
+def give_trainable_storage(model) -> int:
+    """Give a meta-built model's trainable parameters (the LoRA weights: small) CPU storage; the frozen base stays
+    on meta. Why: the Trainer builds the optimizer before FSDP2 shards the model, and accelerate's _prepare_fsdp2
+    then maps each optimizer parameter to its shard by `data_ptr()`, which is 0 for every meta tensor: all of them
+    would map to one shard, the other LoRA shards of that rank never step and its optimizer state lacks them (the
+    sharded checkpoint save fails). Their values do not matter: FSDP broadcasts rank 0's into the shards.
+    Returns how many parameters it gave storage to."""
+    import torch
+
+    given = 0
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.requires_grad and param.is_meta:
+                real = torch.nn.Parameter(torch.zeros_like(param, device="cpu"), requires_grad=True)
+                module.register_parameter(name, real)
+                given += 1
+    return given
+
+
 def empty_model(settings: ModelSettings, path: str, kwargs: dict):
     """The model `load_model` would load, built on the meta device from the checkpoint's config alone: no weight
     file is read and no host memory is taken for the weights. For the FSDP ranks that receive their shards from

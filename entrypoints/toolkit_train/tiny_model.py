@@ -51,6 +51,8 @@ RECIPE: dict[str, Any] = {
     "sliding_window": 64,
     "max_position_embeddings": 4096,
     "seed": 0,
+    # gpt-oss's generation_config.json: generation stops at a final answer, the end of text or a tool call
+    "generation_eos": ["<|return|>", "<|endoftext|>", "<|call|>"],
     # pre-training (see the module docstring); the text's recipe is part of the cache key
     "pretrain_text": "sample rows + rows from shuffled parts; half without developer; harmony developer form",
     "pretrain_conversations": 2000,
@@ -156,7 +158,18 @@ def _build(out: Path, mxfp4: bool, pretrain: bool = True, tools: bool = False) -
         _save_mxfp4(model, out)
     else:
         model.save_pretrained(out)
+    _save_generation_config(out, tokenizer)
     tokenizer.save_pretrained(out)
+
+
+def _save_generation_config(out: Path, tokenizer) -> None:
+    """gpt-oss's stop tokens (vLLM adds a generation config's eos ids to every request's stop tokens): without
+    <|call|>, a served tool call would run on into a final answer."""
+    from transformers import GenerationConfig
+
+    eos = [tokenizer.convert_tokens_to_ids(token) for token in RECIPE["generation_eos"]]
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(out)  # fmt: skip
 
 
 def pretraining_conversations(count: int, seed: int, tools: bool = False) -> list:

@@ -130,7 +130,8 @@ def with_fsdp_on_cpu(trainer_class: Any) -> Any:
     plugin and wraps the model in DDP, so `training.distributed: fsdp` silently trained as DDP on a CPU run (the
     tests). FSDP2 itself shards and trains on CPU over gloo: here the accelerator's state is switched to FSDP with
     the plugin the Trainer built from the config, as accelerate's own state does on a GPU, before anything is
-    prepared (in PartialState's shared state too: every later AcceleratorState() copies its distributed_type)."""
+    prepared (in PartialState's shared state too: every later AcceleratorState() copies its distributed_type).
+    Once prepared, on every device, the optimizer is checked to hold each trainable parameter's shard."""
 
     class FsdpOnCpu(trainer_class):
         def create_accelerator_and_postprocess(self) -> None:
@@ -144,6 +145,11 @@ def with_fsdp_on_cpu(trainer_class: Any) -> Any:
                 state.distributed_type = DistributedType.FSDP
                 state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
                 self.is_fsdp_enabled = True
+
+        def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
+            prepared = super()._prepare_for_training(*args, **kwargs)
+            check_optimizer_covers_trainable(self.model, self.optimizer)
+            return prepared
 
     return FsdpOnCpu
 
@@ -575,7 +581,14 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
-    from .model import add_lora, attention_implementation, compile_decoder_layers, load_model, load_tokenizer
+    from .model import (
+        add_lora,
+        attention_implementation,
+        compile_decoder_layers,
+        give_trainable_storage,
+        load_model,
+        load_tokenizer,
+    )
 
     started = time.monotonic()
     if already_completed(settings, paths):
@@ -592,6 +605,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     from_rank0 = loads_from_rank0(settings)
     reads = rank() == 0 or not from_rank0
     model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
+    if not reads:
+        give_trainable_storage(model)
     if from_rank0:
         log("FSDP: rank 0 read the base model; the other ranks built it on the meta device and receive their shards "
             "from rank 0")  # fmt: skip
@@ -691,6 +706,19 @@ def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def check_optimizer_covers_trainable(model, optimizer) -> None:
+    """After FSDP wrapped the model, the optimizer must hold each trainable parameter once: accelerate re-points an
+    optimizer built before sharding at the shards, and a mapping that collapses (meta tensors share one data_ptr:
+    model.give_trainable_storage) would leave LoRA shards that never step, silently."""
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    if held != trainable:
+        raise RuntimeError(
+            f"rank {rank()}: the optimizer holds {len(held & trainable)} of the {len(trainable)} trainable parameters "
+            f"after FSDP wrapped the model ({len(held - trainable)} others): their shards would not be trained"
+        )
 
 
 def check_same_model(model) -> None:

@@ -96,7 +96,7 @@ def _staged(pipeline, monkeypatch, aws_env, fine_tuned_is_right: bool) -> list[s
 
         monkeypatch.setattr(pipeline.sdk, step, spy)
 
-    def scripted(config, model_dir, limit, max_tokens, concurrency, on_row, on_status):
+    def scripted(config, model_dir, limit, max_tokens, concurrency, on_row, on_status, tasks=None):
         rows = eval_rows(config, limit)
         right = [Generated(r, r.reference, "Je réfléchis en français à la question posée.", "stop") for r in rows]
         wrong = [Generated(r, "Keine Ahnung.", "Je ne sais pas du tout.", "stop") for r in rows]

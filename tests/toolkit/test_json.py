@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 import requests
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from tests.toolkit.deploy.test_endpoint import IMAGE, completed_training_job
 from toolkit.cli import app
+from toolkit.deploy.registry import Registration
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +32,8 @@ def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
     assert state == {"name": job, "status": "Completed", "detail": state["detail"], "artifacts": state["artifacts"]}
     assert state["artifacts"]["model"].endswith(f"/{job}/output/model/")
     registered = run_json("register", str(config), "--image-uri", IMAGE, "--approve")
-    assert set(registered) == {"arn", "group", "status", "created"} and registered["status"] == "Approved"
+    assert set(registered) == {f.name for f in fields(Registration)} and registered["status"] == "Approved"
+    assert registered["version"] == 1 and registered["report"] is None  # no eval report: --approve decided
     deployed = run_json("deploy", str(config), "--image-uri", IMAGE)
     assert set(deployed) == {"name", "status", "config_name", "detail", "actions"}
     assert deployed["status"] == "InService" and "create_endpoint" in deployed["actions"]

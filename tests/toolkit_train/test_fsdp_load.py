@@ -39,6 +39,27 @@ def test_the_meta_built_model_is_the_loaded_one_without_its_weights(model_id):
         assert not built[name].is_meta and torch.equal(built[name], buffers[name]), name
 
 
+def test_a_meta_built_rank_gives_the_optimizer_one_distinct_tensor_per_trainable_parameter():
+    """accelerate points an optimizer built before FSDP2 sharding at the shards by each parameter's data_ptr(): on
+    a meta-built rank every LoRA weight would share 0 and all map to one shard (the others never trained; the
+    sharded checkpoint save then fails). The LoRA weights get storage; the frozen base stays on meta."""
+    from toolkit_train.model import add_lora, give_trainable_storage
+    from toolkit_train.settings import LoraSettings
+    from toolkit_train.train import check_optimizer_covers_trainable
+
+    model = add_lora(load_model(ModelSettings(id=TINY_GPT_OSS, dtype="float32"), weights=False), LoraSettings(), 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and {p.data_ptr() for p in trainable} == {0}  # what accelerate's mapping would collapse
+    assert give_trainable_storage(model) == len(trainable)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len({p.data_ptr() for p in trainable}) == len(trainable) and 0 not in {p.data_ptr() for p in trainable}
+    assert all(p.is_meta for p in model.parameters() if not p.requires_grad)
+    check_optimizer_covers_trainable(model, torch.optim.AdamW(trainable))
+    collapsed = torch.optim.AdamW([trainable[-1]])  # what the collapsed mapping leaves
+    with pytest.raises(RuntimeError, match=f"optimizer holds 1 of the {len(trainable)} trainable parameters"):
+        check_optimizer_covers_trainable(model, collapsed)
+
+
 @pytest.mark.integration
 def test_fsdp_rank0_reads_the_model_and_the_others_receive_their_shards(tmp_path):
     model_dir = tmp_path / "model"

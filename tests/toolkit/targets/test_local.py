@@ -138,12 +138,6 @@ def test_cli_reports_a_failed_job_with_its_reason(tmp_path):
     assert "failed: DataError" in result.output and "line 1: invalid JSON" in result.output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: since FSDP really runs on CPU (train.with_fsdp_on_cpu; before, accelerate silently ran "
-    "DDP here), the sharded checkpoint save fails in torch.distributed.checkpoint: 'Failed to validate global plan: "
-    "optimizer.state...lora_A...exp_avg invalid fill' (the LoRA optimizer state's shards do not cover the tensor)",
-)
 def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
     """The FSDP path (gpt-oss-120b's) on CPU with gloo: sharded checkpoints, resume, rank-0 merge."""
     import shutil
