@@ -309,13 +309,14 @@ def test_eval_through_sagemaker_scores_the_staging_candidate_against_what_serves
                   timeout=10)  # fmt: skip
     sets = [a for o in [*cfg_sets(aws_env), "data.eval.fraction=0.25"] for a in ("--set", o)]
     args = ["--target", "endpoint", "--candidate-endpoint", "tiny-staging", "--limit", "3", "--concurrency", "1"]
+    before = len(sent)  # the deploys' own invocations (their prompt-parity probes) are not the eval's
     result = CliRunner().invoke(app, ["eval", "tiny-gpt-oss-local", *args, "--json", *sets])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["baseline"] == "serving" and report["models"]["fine-tuned"]["served"] == "endpoint tiny-staging"
     assert report["metrics"]["rougeL"]["fine-tuned"] == 1.0 and report["metrics"]["rougeL"]["serving"] < 0.5
     assert report["scored_model"]["training_job"] == JOB and pending.arn in report["scored_model"]["model"]
-    invoked = [p for _, operation, p in sent if operation == "InvokeEndpoint"]
+    invoked = [p for _, operation, p in sent[before:] if operation == "InvokeEndpoint"]
     assert [p["EndpointName"] for p in invoked] == ["tiny-gpt-oss-local"] * 3 + ["tiny-staging"] * 3
     assert json.loads(invoked[0]["Body"])["messages"] == rows[0].messages
 

@@ -64,11 +64,6 @@ def expected_call(row) -> tuple[str, dict]:
     return call["name"], json.loads(call["arguments"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: the served tiny model emits the parsed tool call but generation does not stop at <|call|> "
-    "(it goes on to a final answer): the tiny model's generation config lacks <|call|> among its stop tokens",
-)
 @pytest.mark.parametrize("mode", ["--no-stream", "--stream"])
 def test_cli_invoke_shows_the_parsed_tool_call_apart_from_the_reasoning(tool_server, tools_file, mode):
     tools, row = tools_file
@@ -82,11 +77,6 @@ def test_cli_invoke_shows_the_parsed_tool_call_apart_from_the_reasoning(tool_ser
     assert "answer: " not in result.stdout.replace("\nanswer: \n", "")  # a tool call ends the turn: no answer text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect: the served tiny model emits the parsed tool call but generation does not stop at <|call|> "
-    "(it goes on to a final answer): the tiny model's generation config lacks <|call|> among its stop tokens",
-)
 def test_the_sdk_client_returns_a_structured_tool_call(tool_run, tool_server, tools_file):
     cfg, _ = tool_run
     _, row = tools_file
