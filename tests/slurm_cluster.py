@@ -106,6 +106,15 @@ class SlurmCluster:
         self._wait_idle()
         return self
 
+    def unreachable_conf(self) -> Path:
+        """This cluster's slurm.conf with its controller gone (a closed port), as when slurmctld restarts: the client
+        tools fail at once ("Unable to contact slurm controller"). A missing slurm.conf is not the same fault: the
+        tools then look for a controller over DNS for about a minute."""
+        conf = self.root / "unreachable.conf"
+        lines = [line for line in self.conf.read_text().splitlines() if not line.startswith("SlurmctldPort=")]
+        conf.write_text("\n".join([*lines, f"SlurmctldPort={_free_port()}", "MessageTimeout=1"]) + "\n")
+        return conf
+
     @staticmethod
     def _wait_pid(path: Path) -> int:
         for _ in range(100):

@@ -125,9 +125,27 @@ def build_tokenizer():
 def _build(out: Path, mxfp4: bool, pretrain: bool = True, tools: bool = False) -> None:
     """pretrain=False: random weights (benchmarks that only need the architecture and the tokenizer)."""
     import torch
-    from transformers import GptOssConfig, GptOssForCausalLM
+    from transformers import GptOssForCausalLM
 
     tokenizer = build_tokenizer()
+    if mxfp4 and pretrain:
+        # the plain build's pre-trained weights (saved in float32: exact), quantized: pre-training is not repeated
+        model = GptOssForCausalLM.from_pretrained(tiny_gpt_oss_path(tools=tools), dtype=torch.float32)
+    else:
+        model = _pretrained(tokenizer, pretrain, tools)
+    if mxfp4:
+        _save_mxfp4(model, out)
+    else:
+        model.save_pretrained(out)
+    _save_generation_config(out, tokenizer)
+    tokenizer.save_pretrained(out)
+
+
+def _pretrained(tokenizer, pretrain: bool, tools: bool):
+    """The tiny architecture with the recipe's seed, pre-trained unless pretrain=False."""
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+
     config = GptOssConfig(
         vocab_size=len(tokenizer),
         hidden_size=RECIPE["hidden_size"],
@@ -154,12 +172,7 @@ def _build(out: Path, mxfp4: bool, pretrain: bool = True, tools: bool = False) -
                 param.normal_(0.0, 0.02)
     if pretrain:
         _pretrain(model, tokenizer, tools)
-    if mxfp4:
-        _save_mxfp4(model, out)
-    else:
-        model.save_pretrained(out)
-    _save_generation_config(out, tokenizer)
-    tokenizer.save_pretrained(out)
+    return model
 
 
 def _save_generation_config(out: Path, tokenizer) -> None:

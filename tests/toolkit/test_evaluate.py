@@ -9,20 +9,19 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.toolkit.deploy.test_serving import train_for_serving
+from tests.runs import MAIN_JOB_OVERRIDES
 from toolkit.cli import app
-from toolkit.config import load_config
 from toolkit.evaluate.report import bootstrap_interval
 from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
 
 pytestmark = pytest.mark.integration
-SPLIT = ["data.eval.fraction=0.25", "data.eval.steps=5", "training.max_steps=10", "training.save_steps=0"]
 
 
-def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(tmp_path, monkeypatch):
+def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_path, monkeypatch):
+    """On the main job's run (trained with 6 rows held out), as the demo evaluates it."""
+    _, trained_model = main_job_run
     monkeypatch.chdir(tmp_path)
-    overrides = [f"local.output_dir={tmp_path}/run", *SPLIT]
-    train_for_serving(load_config("tiny-gpt-oss-local", overrides))
+    overrides = [f"local.output_dir={trained_model.parent}", *MAIN_JOB_OVERRIDES]
     args = ["eval", "tiny-gpt-oss-local", *[a for o in overrides for a in ("--set", o)], "--max-tokens", "64"]
     result = CliRunner().invoke(app, [*args, "--json", "--concurrency", "3"])
     assert result.exit_code == 0, result.output[-3000:]
@@ -62,6 +61,15 @@ def test_format_checks_and_the_interval():
     assert format_problems(Generated(row, "<|channel|>final", "", "stop")) == [
         "has no reasoning (analysis channel)", "shows special tokens: <|channel|>",
     ]  # fmt: skip
+    cut_in_reasoning = Generated(row, "", "Die Frage ist, wie viele", "length")  # no final channel: invalid, no crash
+    assert format_problems(cut_in_reasoning) == [
+        "has no answer (final channel)",
+        "stopped by length (no end of message)",
+    ]
+    called = Generated(
+        row, "", "Ich frage das Wetter ab.", "stop", tool_calls=[{"id": "c", "name": "w", "arguments": "{}"}]
+    )
+    assert format_problems(called) == []  # a tool call is an answer too
     assert not runaway("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen 16")
     low, high = bootstrap_interval([0.1, 0.2, 0.3, 0.4])
     assert 0.1 <= low < 0.25 < high <= 0.4 and bootstrap_interval([1.0]) is None

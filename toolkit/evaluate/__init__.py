@@ -51,6 +51,7 @@ class Generated:
     reasoning: str = ""
     finish_reason: str = ""
     error: str | None = None  # why it did not generate (the server's reply, a timeout)
+    tool_calls: list[dict] = field(default_factory=list)  # a tool call answers too: the reply is scored as one
 
 
 @dataclass
@@ -106,7 +107,7 @@ def generate(
             reply = client.chat(row.messages, max_tokens=max_tokens, temperature=0.0)
         except Exception as exc:  # a failed row is counted and named in the report, not fatal
             return Generated(row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        return Generated(row, reply.content, reply.reasoning, reply.finish_reason)
+        return Generated(row, reply.content, reply.reasoning, reply.finish_reason, tool_calls=reply.tool_calls)
 
     results: dict[int, Generated] = {}
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:

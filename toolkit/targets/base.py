@@ -126,12 +126,15 @@ class Job(ABC):
                     raise JobDetached(self.name) from None
             with _interrupts_call(self._stop_now):  # before the notice: a second interrupt may follow it at once
                 each(INTERRUPT_NOTICE)
-                self.stop()
+                self._stop_unless_ended(now=False)
                 raise JobInterrupted(self.wait(each))
 
     def _stop_now(self) -> None:
-        with contextlib.suppress(BadInput, Failed):  # it may have ended meanwhile
-            self.stop(now=True)
+        self._stop_unless_ended(now=True)
+
+    def _stop_unless_ended(self, now: bool) -> None:
+        with contextlib.suppress(BadInput, Failed):  # it may have ended meanwhile (or a second interrupt ended it)
+            self.stop(now=now)
 
 
 class Target(ABC):

@@ -38,6 +38,10 @@ from toolkit.targets.hyperpod import job_dir, stage
 from toolkit.targets.jobtree import completed_run, upload_run_model
 
 RENDEZVOUS_PORT = 29500
+DRY_RUN_NOTE = (
+    "# dry run (no cluster asked): written for plain Slurm (--requeue, not HyperPod's srun --auto-resume), GPU request "
+    "kept; the submit asks the cluster for both"
+)
 QUERY_RETRIES = 5  # consecutive failed scontrol queries a wait rides out before giving up
 STATES = {
     "PENDING": Status.PENDING,
@@ -245,7 +249,10 @@ class SlurmOrchestrator(Target):
     name = "hyperpod (slurm)"
 
     def render(self, config: Config) -> str:
-        return sbatch_script(config)
+        # A dry run asks no cluster: sinfo calls slurmctld, and without a readable slurm.conf even `srun --help` looks
+        # for a controller over DNS for about a minute. The submit asks the cluster; the rendering says what it assumed.
+        script = sbatch_script(config, auto_resume=False, gpu_gres=True)
+        return script.replace("#!/bin/bash\n", f"#!/bin/bash\n{DRY_RUN_NOTE}\n", 1)
 
     def submit(self, config: Config, fresh: bool = False) -> SlurmJob:
         root = job_dir(config)

@@ -127,7 +127,9 @@ class LocalJob(Job):
             group = self._running_elsewhere()
         if group is None:
             raise TargetError(f"local job {self.name} is not running ({self.status().status.value})")
-        self.stop_requested, self.killed = True, now
+        # a stop at once is never undone: the first interrupt's checkpoint request may be sent after the second
+        # interrupt's kill (the notice that invites it comes first), and must not report a checkpointed stop
+        self.stop_requested, self.killed = True, self.killed or now
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL if now else signal.SIGTERM)
 

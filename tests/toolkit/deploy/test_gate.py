@@ -299,12 +299,16 @@ def test_eval_through_sagemaker_scores_the_staging_candidate_against_what_serves
     sdk.deploy(staging, model_package=str(pending.version), allow_unapproved=True, poll_seconds=0)
     rows = eval_rows(cfg, 3)
 
-    def reply(text):
-        body = {"choices": [{"message": {"content": text, "reasoning_content": "Ich denke auf Deutsch nach."},
-                             "finish_reason": "stop"}], "usage": {"completion_tokens": 9}, "model": "tiny"}  # fmt: skip
+    def reply(text, finish_reason="stop"):
+        message = {"content": text, "reasoning_content": "Ich denke auf Deutsch nach."}
+        body = {"choices": [{"message": message, "finish_reason": finish_reason}], "usage": {"completion_tokens": 9},
+                "model": "tiny"}  # fmt: skip
         return {"Body": json.dumps(body), "ContentType": "application/json"}
 
-    scripted = [reply("Das weiss ich nicht.") for _ in rows] + [reply(row.reference) for row in rows]
+    # the serving model's first reply ran out of tokens in its reasoning: an empty final channel (content null), which
+    # the eval scores as an invalid answer instead of crashing on it
+    scripted = [reply(None, "length")] + [reply("Das weiss ich nicht.") for _ in rows[1:]]
+    scripted += [reply(row.reference) for row in rows]
     requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json={"results": scripted},
                   timeout=10)  # fmt: skip
     sets = [a for o in [*cfg_sets(aws_env), "data.eval.fraction=0.25"] for a in ("--set", o)]
@@ -315,6 +319,8 @@ def test_eval_through_sagemaker_scores_the_staging_candidate_against_what_serves
     report = json.loads(result.stdout)
     assert report["baseline"] == "serving" and report["models"]["fine-tuned"]["served"] == "endpoint tiny-staging"
     assert report["metrics"]["rougeL"]["fine-tuned"] == 1.0 and report["metrics"]["rougeL"]["serving"] < 0.5
+    assert report["metrics"]["format_valid"]["serving"] == pytest.approx(2 / 3)  # the cut-off reply is invalid
+    assert report["metrics"]["format_valid"]["fine-tuned"] == 1.0
     assert report["scored_model"]["training_job"] == JOB and pending.arn in report["scored_model"]["model"]
     invoked = [p for _, operation, p in sent[before:] if operation == "InvokeEndpoint"]
     assert [p["EndpointName"] for p in invoked] == ["tiny-gpt-oss-local"] * 3 + ["tiny-staging"] * 3

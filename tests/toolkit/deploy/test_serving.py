@@ -7,7 +7,6 @@ client via a loopback stand-in for SageMaker's runtime front end (tests/sagemake
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -18,60 +17,28 @@ import pytest
 from typer.testing import CliRunner
 
 import toolkit
+from tests.runs import free_port, train_for_serving
 from tests.sagemaker_runtime import SageMakerRuntime
 from toolkit.cli import app
 from toolkit.config import load_config
 from toolkit.deploy import DeployError
 from toolkit.deploy.client import ChatClient, deltas_from, messages_for, reply_problems
 from toolkit.deploy.local import LocalServer, serving_python
-from toolkit.targets.base import Status
-from toolkit.targets.local import job_root
 
 pytestmark = pytest.mark.integration
 # one of the bundled sample's questions: the tiny model answers it in harmony (reasoning in French, answer in German)
 QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@pytest.fixture(scope="module")
+def trained(main_job_run):
+    """The local target's output: the tiny gpt-oss LoRA-trained and merged (the main job's run, shared)."""
+    return main_job_run
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The local target's output: the tiny gpt-oss LoRA-trained and merged."""
-    root = tmp_path_factory.mktemp("served")
-    cfg = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}/run", "training.max_steps=4"])
-    return cfg, train_for_serving(cfg)
-
-
-def train_for_serving(cfg):
-    """Train with the local target (skipped without a serving environment, except in CI); the model directory."""
-    try:
-        serving_python(cfg)
-    except DeployError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
-    lines: list[str] = []
-    state = toolkit.train(cfg).wait(lines.append)
-    assert state.status is Status.COMPLETED, "\n".join(lines[-30:])
-    return job_root(cfg) / "model"
-
-
-@contextlib.contextmanager
-def serving(cfg, model):
-    """A local vLLM server for a trained run's model, ready to answer; stopped on exit."""
-    with LocalServer(cfg, model, port=free_port(), log=model.parent / "serve.log") as running:
-        running.wait_ready(timeout=600)
-        yield running
-
-
-@pytest.fixture(scope="module")
-def server(trained):
-    with serving(*trained) as running:
-        yield running
+def server(main_job_server):
+    return main_job_server
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:

@@ -26,7 +26,7 @@ QUESTION = "What is the weather in Oslo right now?"  # a sample row's question (
 @pytest.fixture(scope="session")
 def tool_run(tmp_path_factory):
     """The preset trained once per session by the local target; (config, model directory)."""
-    from tests.toolkit.deploy.test_serving import train_for_serving
+    from tests.runs import train_for_serving
 
     root = tmp_path_factory.mktemp("tool-run")
     cfg = load_config(PRESET, [f"local.output_dir={root}/run"])
@@ -35,7 +35,7 @@ def tool_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool_server(tool_run):
-    from tests.toolkit.deploy.test_serving import serving
+    from tests.runs import serving
 
     with serving(*tool_run) as running:
         yield running

@@ -184,7 +184,7 @@ def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
     def controller_blips_then_cancel(line: str) -> None:
         lines.append(line)
         if line.startswith("[metrics] step=1/"):
-            monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+            monkeypatch.setenv("SLURM_CONF", str(slurm.unreachable_conf()))
         elif "cannot query Slurm job" in line:
             monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
         elif line.startswith("[metrics] step=3/"):
@@ -197,7 +197,7 @@ def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
     assert checkpoints, "no checkpoint survived the cancellation"
     with pytest.raises(TargetError, match="scancel 4242424 failed: .*[Ii]nvalid job id"):
         SlurmJob("4242424", tmp_path).stop()
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    monkeypatch.setenv("SLURM_CONF", str(slurm.unreachable_conf()))
     with pytest.raises(SlurmQueryError, match=f"cannot query Slurm job {job.name}"):
         job.status()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ import toolkit
 from toolkit.cli import app
 from toolkit.config import load_config
 from toolkit.targets.base import Status, TargetError
+from toolkit.targets.local import LocalJob
 
 pytestmark = pytest.mark.integration
 
@@ -177,3 +179,20 @@ def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
     assert "training already finished at step 4" in "\n".join(lines)
     assert not any(line.startswith("[metrics]") for line in lines)
     assert (root / "model" / "merged" / "config.json").exists()
+
+
+def test_a_stop_at_once_is_not_undone_by_the_checkpoint_request_sent_after_it(tmp_path):
+    """Ctrl-C prints "interrupt again to stop at once" before it sends its checkpoint request, so a second Ctrl-C can
+    kill the run first; the request that follows must not turn the outcome into "stopped with a checkpoint" (CI
+    met this race once). The trainer here is a process that outlives the group kill (it leads no group), so the
+    request really lands while it lives, as it does between SIGKILL and exit."""
+    trainer = subprocess.Popen(["sleep", "600"])
+    job = LocalJob("tiny-gpt-oss-local", tmp_path / "run", process=trainer)
+    try:
+        job.stop(now=True)  # the second Ctrl-C
+        job.stop()  # the first one's checkpoint request, sent after it
+    finally:
+        trainer.kill()
+        trainer.wait()
+    state = job.status()
+    assert state.status is Status.STOPPED and state.detail.startswith("stopped at once: no new checkpoint"), state

@@ -1,0 +1,93 @@
+"""Trained runs and vLLM servers that integration tests share (session fixtures in tests/conftest.py).
+
+Each is made once per test session by the code a user runs (the local target, the serving entry script), never
+faked: a test that only reads a run or asks a server takes the shared one; a test that kills, stops or
+re-configures its own says why it cannot share. docs/testing.md lists which module starts what.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# The main job: scripts/demo.sh's training (the preset with 6 of the sample's 24 rows held out, validation every 10
+# steps). CI runs the demo before the tests; its run is taken over when it is this exact configuration.
+MAIN_JOB = "tiny-gpt-oss-local"
+MAIN_JOB_OVERRIDES = ("data.eval.fraction=0.25", "data.eval.steps=10")
+DEMO_RUN = REPO / "runs" / MAIN_JOB
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def require_vllm(cfg) -> None:
+    """Skip without a serving environment, except in CI (there it is a failure)."""
+    from toolkit.deploy import DeployError
+    from toolkit.deploy.local import serving_python
+
+    try:
+        serving_python(cfg)
+    except DeployError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
+
+
+def train_for_serving(cfg) -> Path:
+    """Train with the local target (skipped without a serving environment, except in CI); the model directory."""
+    import toolkit
+    from toolkit.targets.base import Status
+    from toolkit.targets.local import job_root
+
+    require_vllm(cfg)
+    lines: list[str] = []
+    state = toolkit.train(cfg).wait(lines.append)
+    assert state.status is Status.COMPLETED, "\n".join(lines[-30:])
+    return job_root(cfg) / "model"
+
+
+def _demo_run_matches(cfg) -> bool:
+    """The demo's run is complete and was trained with exactly this configuration's training settings."""
+    from toolkit_train.settings import to_hyperparameters
+
+    from toolkit.targets.jobtree import settings_file
+
+    written, model = settings_file(DEMO_RUN), DEMO_RUN / "model"
+    if not ((model / "run.json").is_file() and (model / "merged" / "config.json").is_file() and written.is_file()):
+        return False
+    return json.loads(written.read_text()) == to_hyperparameters(cfg.train_settings())
+
+
+def main_job_run(root: Path):
+    """(config, model directory) of the main job's run under root: the demo's run copied in when it matches (its
+    inputs and outputs; not its checkpoints, which nothing here reads), else trained here."""
+    from toolkit.config import load_config
+    from toolkit.targets.local import job_root
+
+    cfg = load_config(MAIN_JOB, [f"local.output_dir={root}/run", *MAIN_JOB_OVERRIDES])
+    if _demo_run_matches(cfg):
+        require_vllm(cfg)
+        for part in ("input", "model", "output"):
+            shutil.copytree(DEMO_RUN / part, job_root(cfg) / part, symlinks=True)
+        return cfg, job_root(cfg) / "model"
+    return cfg, train_for_serving(cfg)
+
+
+@contextlib.contextmanager
+def serving(cfg, model: Path):
+    """A local vLLM server for a trained run's model, ready to answer; stopped on exit."""
+    from toolkit.deploy.local import LocalServer
+
+    with LocalServer(cfg, model, port=free_port(), log=model.parent / "serve.log") as running:
+        running.wait_ready(timeout=600)
+        yield running
