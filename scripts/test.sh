@@ -41,5 +41,5 @@ if [ -z "${SKIP_DEMO:-}" ]; then
   grep -qE "^\| rougeL \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   grep -qE "^\| validation loss \(lower is better\) \| 6 \| [0-9.]+ \| [0-9.]+ \|" .demo.log
 fi
-# two workers (tests/conftest.py keeps each module on one): engine start-ups and waits overlap on a 2-core machine
-CI=${CI:-1} "$VENV/bin/pytest" -n 2 --dist loadgroup --durations=40 "$@"
+# two workers, each module on one (its module fixtures made once): engine start-ups and waits overlap on a 2-core machine
+CI=${CI:-1} "$VENV/bin/pytest" -n 2 --dist loadfile --durations=40 "$@"

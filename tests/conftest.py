@@ -49,21 +49,11 @@ socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign]
 
 
-# Under pytest-xdist (scripts/test.sh runs two workers, --dist loadgroup) a module's tests stay on one worker, so its
-# module fixtures (a server, a cluster, a trained run) are made once; these modules also share a worker.
-SHARED_WORKER = {
-    "tests/toolkit/targets/test_contract.py": "slurm",  # both start Slurm clusters: one at a time
-    "tests/toolkit/targets/test_hyperpod_slurm.py": "slurm",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-    """Each test's worker group (its module, or the group it shares), and the modules that start engines first: the
-    longest groups then do not start last (xdist hands groups out in this order)."""
+    """The modules that start engines first. Under pytest-xdist (scripts/test.sh: two workers, --dist loadfile, each
+    module's tests on one worker, so its module fixtures are made once) the longest modules then do not start last:
+    xdist hands modules out in this order."""
     engines = {item.path for item in items if item.get_closest_marker("integration")}
-    for item in items:
-        path = item.path.relative_to(REPO).as_posix()
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(path, path)))
     items.sort(key=lambda item: item.path not in engines)  # stable: each module's own order is kept
 
 
@@ -118,12 +108,3 @@ def main_job_run(tmp_path_factory):
     from tests.runs import main_job_run
 
     return main_job_run(tmp_path_factory.mktemp("main-job"))
-
-
-@pytest.fixture(scope="session")
-def main_job_server(main_job_run):
-    """A local vLLM server of the main job's merged model, started once per session for the tests that only ask it."""
-    from tests.runs import serving
-
-    with serving(*main_job_run) as running:
-        yield running

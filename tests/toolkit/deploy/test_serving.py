@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import toolkit
-from tests.runs import free_port, train_for_serving
+from tests.runs import free_port, serving, train_for_serving
 from tests.sagemaker_runtime import SageMakerRuntime
 from toolkit.cli import app
 from toolkit.config import load_config
@@ -37,8 +37,11 @@ def trained(main_job_run):
 
 
 @pytest.fixture(scope="module")
-def server(main_job_server):
-    return main_job_server
+def server(trained):
+    """A vLLM server of the main job's model for the tests that only ask it (per module: an idle vLLM still takes
+    CPU, so none outlives the tests that use it)."""
+    with serving(*trained) as running:
+        yield running
 
 
 def post(url: str, body: bytes) -> tuple[int, dict]:
@@ -495,6 +498,7 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
     group = int(record.read_text())
 
     broke: list[BaseException] = []
+    flowing = threading.Event()
 
     def stream() -> None:
         client = ChatClient.for_url(f"http://127.0.0.1:{port}", "tiny-gpt-oss-local")
@@ -502,16 +506,16 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
         body = {**client._body(QUESTION, 800, 1.0, stream=True), "ignore_eos": True, "min_tokens": 800}
         try:
             for _ in deltas_from(client._send_streaming(body)):
-                pass
+                flowing.set()
         except DeployError as exc:
             broke.append(exc)
+        finally:
+            flowing.set()
 
     reader = threading.Thread(target=stream)
     reader.start()
-    import time
-
-    time.sleep(3)  # tokens are flowing
-    os.kill(group, signal.SIGKILL)  # the API server alone, mid-stream
+    assert flowing.wait(timeout=120), "no token arrived"
+    os.kill(group, signal.SIGKILL)  # the API server alone, mid-stream (a reply that already ended fails below)
     reader.join(timeout=60)
     rest, _ = second.communicate(timeout=120)
     output = "".join(shown) + rest

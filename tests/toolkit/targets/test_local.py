@@ -68,7 +68,7 @@ def test_two_processes_ddp_with_packed_mxfp4_experts(tmp_path):
 def test_stop_checkpoints_then_the_same_command_resumes(tmp_path):
     config = load_config(
         "tiny-gpt-oss-local",
-        [f"local.output_dir={tmp_path}/run", "local.nproc_per_node=2", "training.max_steps=40",
+        [f"local.output_dir={tmp_path}/run", "local.nproc_per_node=2", "training.max_steps=12",
          "training.save_steps=100", "training.merge_adapter=false"],
     )  # fmt: skip
     job = toolkit.train(config)
