@@ -1,4 +1,4 @@
-"""Trained runs and vLLM servers that integration tests share (session fixtures in tests/conftest.py).
+"""Trained runs and vLLM servers that integration tests share (the run: a session fixture in tests/conftest.py).
 
 Each is made once per test session by the code a user runs (the local target, the serving entry script), never
 faked: a test that only reads a run or asks a server takes the shared one; a test that kills, stops or
@@ -8,7 +8,6 @@ re-configures its own says why it cannot share. docs/testing.md lists which modu
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -57,15 +56,13 @@ def train_for_serving(cfg) -> Path:
 
 
 def _demo_run_matches(cfg) -> bool:
-    """The demo's run is complete and was trained with exactly this configuration's training settings."""
-    from toolkit_train.settings import to_hyperparameters
+    """The demo's run is complete, merged, and was trained with exactly this configuration's training settings
+    (the local target's own checks: its completed-run record and its changed-settings guard)."""
+    from toolkit.targets.jobtree import _settings_changed, completed_run, settings_file
 
-    from toolkit.targets.jobtree import settings_file
-
-    written, model = settings_file(DEMO_RUN), DEMO_RUN / "model"
-    if not ((model / "run.json").is_file() and (model / "merged" / "config.json").is_file() and written.is_file()):
-        return False
-    return json.loads(written.read_text()) == to_hyperparameters(cfg.train_settings())
+    done = completed_run(cfg.name, DEMO_RUN)
+    merged = done is not None and bool(done.artifacts.merged)
+    return merged and settings_file(DEMO_RUN).is_file() and not _settings_changed(cfg, DEMO_RUN)
 
 
 def main_job_run(root: Path):

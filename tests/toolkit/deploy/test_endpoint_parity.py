@@ -16,7 +16,6 @@ on drift. What is real and what is emulated:
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
+from tests.runs import free_port
 from tests.sagemaker_runtime import SageMakerRuntime
 from toolkit import sdk
 from toolkit.cli import app
@@ -35,12 +35,6 @@ from toolkit.resources import SERVING_CONTEXT
 pytestmark = pytest.mark.integration
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/toolkit-serving:serve-0123456789ab"
 NAME = "tiny-gpt-oss-local"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def upload_model(model: Path, bucket: str, endpoint: str) -> str:
