@@ -68,11 +68,17 @@ def tiny_model_path() -> Path:
 def moto_server():
     """A real HTTP AWS emulator (moto server) on loopback, for the whole session; its InvokeEndpoint answers the
     deploy's prompt-parity probe as a container rendering like training (tests/aws_emulator.py says why)."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
     from tests.aws_emulator import render_like_training
 
     render_like_training()
+    # werkzeug gives its logger a stderr handler at its first request, bound to whatever sys.stderr is then: often a
+    # CliRunner's capture, closed by the time a later test's request is logged ("--- Logging error ---" and a
+    # traceback in that test's CLI output). A handler of our own keeps it from adding one; records reach pytest's.
+    logging.getLogger("werkzeug").addHandler(logging.NullHandler())
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -504,9 +504,18 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
         client = ChatClient.for_url(f"http://127.0.0.1:{port}", "tiny-gpt-oss-local")
         # the client's own streaming path, with vLLM's ignore_eos so that the reply is still flowing at the kill
         body = {**client._body(QUESTION, 800, 1.0, stream=True), "ignore_eos": True, "min_tokens": 800}
-        try:
-            for _ in deltas_from(client._send_streaming(body)):
+
+        def opened(chunks):
+            # the kill comes at the stream's first event (the role delta, sent before any token is sampled): vLLM's
+            # harmony parser may hold a tiny model's tokens back and send them with [DONE] in one chunk at the end,
+            # so the first *content* delta would come too late for the kill to land mid-reply
+            for chunk in chunks:
                 flowing.set()
+                yield chunk
+
+        try:
+            for _ in deltas_from(opened(client._send_streaming(body))):
+                pass
         except DeployError as exc:
             broke.append(exc)
         finally:
@@ -514,9 +523,10 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
 
     reader = threading.Thread(target=stream)
     reader.start()
-    assert flowing.wait(timeout=120), "no token arrived"
+    assert flowing.wait(timeout=120), "the stream did not open"
     os.kill(group, signal.SIGKILL)  # the API server alone, mid-stream (a reply that already ended fails below)
     reader.join(timeout=60)
+    assert not reader.is_alive(), "the client still waits on a killed server"
     rest, _ = second.communicate(timeout=120)
     output = "".join(shown) + rest
     assert "ended the vLLM server (process group" in output, output
