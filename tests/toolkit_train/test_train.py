@@ -28,11 +28,11 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    root = lay_out(tmp_path, [*lora, "training.max_steps=30", "training.save_steps=0", "training.learning_rate=1e-2"])
+    root = lay_out(tmp_path, [*lora, "training.max_steps=16", "training.save_steps=0", "training.learning_rate=1e-2"])
     result = run_entrypoint(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     curve = losses(result.stdout)
-    assert len(curve) == 30
+    assert len(curve) == 16
     assert "an optimizer step averages ~" in result.stdout  # packing's batch semantics, said where it is set
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5 - 0.1, curve  # it learns
 
@@ -56,7 +56,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     reloaded = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
     torch.testing.assert_close(_logits(reloaded, input_ids), adapter_logits, rtol=1e-4, atol=1e-4)
     run = json.loads((root / "model" / "run.json").read_text())
-    assert run["global_step"] == 30 and run["data"]["rows_out"] == 24
+    assert run["global_step"] == 16 and run["data"]["rows_out"] == 24
     assert not (root / "output" / "failure").exists()
 
 
@@ -91,7 +91,7 @@ def _adapter_weights(root):
 
 
 def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
-    common = ["training.max_steps=24", "training.save_steps=100", "training.merge_adapter=false"]
+    common = ["training.max_steps=12", "training.save_steps=100", "training.merge_adapter=false"]
     straight = lay_out(tmp_path / "straight", common)
     assert run_entrypoint(straight).returncode == 0
 
@@ -102,20 +102,20 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted_run(tmp_path):
     )  # fmt: skip
     assert process.stdout is not None
     for line in process.stdout:
-        if line.startswith("[metrics] step=5/"):
+        if line.startswith("[metrics] step=3/"):
             process.send_signal(signal.SIGTERM)
             break
     output = process.stdout.read()
     assert process.wait(timeout=120) == 143, output
     assert "stopped by SIGTERM" in output
     checkpoints = sorted((interrupted / "checkpoints").glob("checkpoint-*"))
-    assert len(checkpoints) == 1 and 5 <= int(checkpoints[0].name.split("-")[1]) < 24
+    assert len(checkpoints) == 1 and 3 <= int(checkpoints[0].name.split("-")[1]) < 12
     assert not (interrupted / "model" / "adapter").exists()
 
     resumed = run_entrypoint(interrupted)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"resuming from {checkpoints[0]}" in resumed.stdout
-    assert json.loads((interrupted / "model" / "run.json").read_text())["global_step"] == 24
+    assert json.loads((interrupted / "model" / "run.json").read_text())["global_step"] == 12
     expected, actual = _adapter_weights(straight), _adapter_weights(interrupted)
     assert expected.keys() == actual.keys()
     for name in expected:
