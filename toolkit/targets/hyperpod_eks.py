@@ -94,14 +94,16 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         )
     spec = instance(hp.instance_type, "hyperpod.instance_type")
     root = job_dir(config)
-    # the staged code tree, unpacked whole, then launch
+    # the staged code tree, unpacked whole, then launch. The launcher is exec'd: it must be the pod's PID 1, the
+    # process Kubernetes stops with SIGTERM. A bash left as PID 1 has no handler, so the kernel drops the signal
+    # (PID 1 is shielded) and no rank checkpoints; torchrun and hyperpodrun pass it on within their own timers.
     setup = (
         (f"{fresh_start_command(root, fresh_token)} && " if fresh_token else "")
         + f"{foreign_checkpoints_command(root)}; "
         f"mkdir -p {CODE_DIR} {root}/input/config && tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {CODE_DIR} && "
         f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
         + (f"pip install -q -r {CODE_DIR}/requirements.txt && " if hp.install else "")
-        + " ".join([*launcher, f"{CODE_DIR}/{ENTRY_SCRIPT}"])
+        + " ".join(["exec", *launcher, f"{CODE_DIR}/{ENTRY_SCRIPT}"])
     )
     resources = {"nvidia.com/gpu": str(hp.gpus_per_node)}  # quantities: strings are valid everywhere
     if spec.efa:

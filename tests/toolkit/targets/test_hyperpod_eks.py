@@ -54,7 +54,7 @@ def test_hyperpod_pytorch_job_has_the_cluster_shape():
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
     assert {"name": "TOOLKIT_ML_ROOT", "value": "/fsx/toolkit/gpt-oss-120b-lora"} in container["env"]
     assert {"name": "fsx", "persistentVolumeClaim": {"claimName": "fsx-claim"}} in pod["volumes"]
-    assert "hyperpodrun --nnodes=2 --nproc-per-node=8" in container["command"][2]
+    assert "exec hyperpodrun --nnodes=2 --nproc-per-node=8" in container["command"][2]  # PID 1: it gets the stop
     settings = json.loads(config_map["data"]["hyperparameters.json"])
     assert settings["training.distributed"] == '"fsdp"' and set(config_map["binaryData"]) == {"code.tar.gz"}
 
@@ -357,3 +357,77 @@ def test_a_failed_export_says_where_its_log_is(cluster, aws_env, tmp_path):
         model_data(cfg)
     controller.join()
     assert "run.json is missing" in seen[1].stderr
+
+
+STOPPABLE_TRAINER = """\
+import os, signal, sys, time
+report = os.environ["TRAINER_REPORT"]
+def note(line):
+    with open(report, "a") as out:
+        out.write(line + "\\n")
+def stop(signum, frame):
+    note("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+note("pid 1: " + open("/proc/1/cmdline").read().replace("\\0", " "))
+time.sleep(120)
+"""
+
+
+def test_the_launcher_is_the_pods_pid_1_so_a_stop_reaches_the_ranks(tmp_path):
+    """Kubernetes stops a pod (`toolkit jobs stop`, an eviction, a node drain) with SIGTERM to the container's PID 1;
+    the kernel drops a signal to a PID 1 that has no handler for it. The pod's rendered command runs here for real
+    as PID 1 of its own PID and mount namespaces, with the ConfigMap's files at their mount path and the job's
+    directory standing in for FSx; torchrun is the real launcher (the Kubeflow variant; hyperpodrun is not
+    installable here). Only the trainer is a stand-in: a script that notes PID 1's command and the SIGTERM."""
+    import io
+    import signal
+    import sys
+    import tarfile
+    import time
+
+    from toolkit.resources import ENTRY_SCRIPT
+
+    fsx = tmp_path / "fsx"
+    config_map, job = manifests(config("hyperpod.eks_job_kind=PyTorchJob", "hyperpod.nodes=1",
+                                       f"hyperpod.fsx.mount_path={fsx}", "hyperpod.install=false"))  # fmt: skip
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    mount = tmp_path / "configmap"  # what the code volume shows the pod
+    mount.mkdir()
+    (mount / "hyperparameters.json").write_text(config_map["data"]["hyperparameters.json"])
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        trainer = STOPPABLE_TRAINER.encode()
+        info = tarfile.TarInfo(ENTRY_SCRIPT)
+        info.size = len(trainer)
+        tar.addfile(info, io.BytesIO(trainer))
+    assert set(config_map["binaryData"]) == {"code.tar.gz"}
+    (mount / "code.tar.gz").write_bytes(archive.getvalue())
+
+    # in the namespaces: the ConfigMap at /opt/toolkit and a private /tmp/toolkit (tmpfs), then the pod's command
+    pod = (
+        "mount --make-rprivate / && mount -t tmpfs none /opt && mkdir /opt/toolkit && "
+        'mount --bind "$CONFIGMAP" /opt/toolkit && mkdir -p /tmp/toolkit && mount -t tmpfs none /tmp/toolkit && '
+        'exec "$@"'
+    )
+    report = tmp_path / "trainer.txt"
+    env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, "CONFIGMAP": str(mount),
+           "TRAINER_REPORT": str(report), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # fmt: skip
+    launcher = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--mount-proc", "bash", "-c", pod, "pod",
+                                 *container["command"]], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (report.exists() and "pid 1:" in report.read_text()):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate(timeout=10)[0]
+            time.sleep(0.2)
+        assert "torchrun" in report.read_text().split("pid 1:", 1)[1].split()[1], report.read_text()
+        pid1 = int(subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()[0])
+        os.kill(pid1, signal.SIGTERM)  # what the kubelet does
+        output = launcher.communicate(timeout=60)[0]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert "SIGTERM" in report.read_text(), output[-2000:]
+    assert (fsx / "toolkit" / "gpt-oss-120b-lora" / "input" / "config" / "hyperparameters.json").is_file()
