@@ -125,6 +125,19 @@ class TrainingJob(Job):
             time.sleep(poll_seconds)
 
 
+def _jobs_of(config: Config, status: str) -> Iterator[str]:
+    """This config's jobs in `status`, newest first, across every page (a name filter still lets through other
+    configs whose names contain this one; sagemaker_sdk.is_job_of keeps only this config's own)."""
+    pages = aws.client(config.aws, "sagemaker").get_paginator("list_training_jobs").paginate(
+        NameContains=sagemaker_sdk.job_name_stem(config.name), StatusEquals=status, SortBy="CreationTime",
+        SortOrder="Descending",
+    )  # fmt: skip
+    for page in pages:
+        for summary in page["TrainingJobSummaries"]:
+            if sagemaker_sdk.is_job_of(config.name, summary["TrainingJobName"]):
+                yield summary["TrainingJobName"]
+
+
 def _state(description: dict) -> JobState:
     status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
     artifacts = Artifacts(**aws.model_artifacts(description))
@@ -195,12 +208,7 @@ class TrainingJobTarget(Target):
 
     def running(self, config: Config) -> str | None:
         """The newest job of this config that is in progress (jobs are named `<config name>-<time>`)."""
-        client = aws.client(config.aws, "sagemaker")
-        jobs = client.list_training_jobs(
-            NameContains=config.name, StatusEquals="InProgress", SortBy="CreationTime", SortOrder="Descending"
-        )["TrainingJobSummaries"]
-        mine = [job["TrainingJobName"] for job in jobs if job["TrainingJobName"].startswith(f"{config.name}-")]
-        return mine[0] if mine else None
+        return next(_jobs_of(config, "InProgress"), None)
 
     def servable_model(self, config: Config, dry_run: bool = False) -> str:
         """The newest completed job's model prefix (already on S3: the job wrote it there)."""
@@ -214,15 +222,10 @@ class TrainingJobTarget(Target):
 
     def latest(self, config: Config) -> JobState | None:
         """The newest completed job of this config: what `toolkit deploy` serves by default."""
-        client = aws.client(config.aws, "sagemaker")
-        jobs = client.list_training_jobs(
-            NameContains=config.name, StatusEquals="Completed", SortBy="CreationTime", SortOrder="Descending"
-        )["TrainingJobSummaries"]
-        for summary in jobs:
-            description = client.describe_training_job(TrainingJobName=summary["TrainingJobName"])
-            if description["TrainingJobName"].startswith(f"{config.name}-"):
-                return _state(description)
-        return None
+        name = next(_jobs_of(config, "Completed"), None)
+        if name is None:
+            return None
+        return _state(aws.client(config.aws, "sagemaker").describe_training_job(TrainingJobName=name))
 
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
         job_name = sagemaker_sdk.unique_job_name(config.name)

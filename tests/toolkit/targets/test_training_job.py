@@ -228,6 +228,27 @@ def test_following_in_progress_to_completed_with_logs(aws_env):
     assert TARGET.latest(config(aws_env)).name == job.name
 
 
+def test_a_config_never_takes_the_job_of_a_config_whose_name_starts_with_its_own(aws_env):
+    """Jobs are found by name (`<config name>-<time>`): the shipped gpt-oss-20b-lora must not deploy, register or
+    wait on a job of a config named gpt-oss-20b-lora-1node; and a name the SDK cut at 63 characters still belongs
+    to its config. (The emulator ignores ListTrainingJobs' sort order, so each case has one candidate per state.)"""
+    from toolkit import sagemaker_sdk
+
+    mine = TARGET.submit(config(aws_env))
+    other = TARGET.submit(config(aws_env, "name=gpt-oss-20b-lora-1node"))
+    assert other.name.startswith(f"{mine.name.rsplit('-', 1)[0]}-")  # what a prefix match would take
+    backend_job(mine.name).training_job_status, backend_job(other.name).training_job_status = "InProgress", "Completed"
+    assert TARGET.latest(config(aws_env)) is None and TARGET.running(config(aws_env)) == mine.name
+    backend_job(mine.name).training_job_status, backend_job(other.name).training_job_status = "Completed", "InProgress"
+    assert TARGET.running(config(aws_env)) is None and TARGET.latest(config(aws_env)).name == mine.name
+    assert TARGET.running(config(aws_env, "name=gpt-oss-20b-lora-1node")) == other.name
+
+    long_name = "a" * 55
+    cut = sagemaker_sdk.unique_job_name(long_name)
+    assert len(cut) == 63 and sagemaker_sdk.is_job_of(long_name, cut)
+    assert not sagemaker_sdk.is_job_of("a" * 54, cut) and not sagemaker_sdk.is_job_of(long_name, cut[:-1] + "x")
+
+
 def test_failed_job_reports_its_reason(aws_env):
     job = TARGET.submit(config(aws_env))
     backend = backend_job(job.name)
