@@ -67,6 +67,8 @@ class Endpoints:
         self._sagemaker = sagemaker
         self._autoscaling = autoscaling
         self.model_package: str | None = None  # a registered version's ARN: the model is made from it (for_package)
+        # an unapproved version's container environment: its model is made from its parts (for_package)
+        self.package_environment: dict[str, str] | None = None
 
     @property
     def sagemaker(self) -> Any:
@@ -128,10 +130,11 @@ class Endpoints:
         return planned
 
     def _model_request(self, image_uri: str, model_data: str) -> Request:
+        environment = vllm_environment(self.config) if self.package_environment is None else self.package_environment
         container: dict[str, Any] = (
             {"ModelPackageName": self.model_package}  # the package's image, model data and environment, and lineage
             if self.model_package
-            else {"Image": image_uri, "Environment": vllm_environment(self.config), **model_data_fields(model_data)}
+            else {"Image": image_uri, "Environment": environment, **model_data_fields(model_data)}
         )
         return Request(
             "create_model",
@@ -433,6 +436,7 @@ class Package:
     image: str
     model_data: str
     note: str = ""  # said when an unapproved version is deployed on purpose
+    environment: dict[str, str] = field(default_factory=dict)  # the package container's
 
 
 def model_package(config: Config, ref: str, sagemaker: Any) -> Package:
@@ -468,6 +472,7 @@ def model_package(config: Config, ref: str, sagemaker: Any) -> Package:
         container.get("Image", ""),
         source or container.get("ModelDataUrl", ""),
         described.get("ApprovalDescription") or "",
+        dict(container.get("Environment") or {}),
     )
 
 
@@ -488,8 +493,13 @@ def for_package(config: Config, ref: str, allow_unapproved: bool = False) -> tup
                 f"model package {package.name} is {package.status}{why}: only Approved versions are deployed; "
                 "approve it (toolkit register --approve, or the Model Registry) or pass --allow-unapproved"
             )
-        package.note = f"deploying model package {package.name}, which is {package.status} (--allow-unapproved)"
+        package.note = (
+            f"deploying model package {package.name}, which is {package.status} (--allow-unapproved): the model is "
+            "made from its image, model data and environment (SageMaker deploys a versioned package by name only "
+            "once it is Approved)"
+        )
+        endpoints.package_environment = package.environment
     else:
         package.note = ""
-    endpoints.model_package = package.arn
+        endpoints.model_package = package.arn
     return endpoints, package

@@ -165,7 +165,13 @@ def test_a_failing_gate_rejects_and_deploy_refuses_the_version_unless_told_other
     assert "deploying model package tiny-gpt-oss-local/1, which is Rejected (--allow-unapproved)" in allowed.stderr
     (model,) = sagemaker().list_models()["Models"]
     container = sagemaker().describe_model(ModelName=model["ModelName"])["PrimaryContainer"]
-    assert container == {"ModelPackageName": registration.arn}  # the registered version itself, with its lineage
+    # AWS deploys a versioned package by name only once it is Approved: this one's model is made from its parts
+    registered = sagemaker().describe_model_package(ModelPackageName=registration.arn)
+    (parts,) = registered["InferenceSpecification"]["Containers"]
+    assert "ModelPackageName" not in container and container["Image"] == parts["Image"] == IMAGE
+    assert container["Environment"] == parts["Environment"] and container["Environment"]
+    assert container.get("ModelDataSource") == parts.get("ModelDataSource")
+    assert container.get("ModelDataUrl") == parts.get("ModelDataUrl")
     assert sagemaker().describe_endpoint(EndpointName="tiny-gpt-oss-local")["EndpointStatus"] == "InService"
     all_valid(sent)
 
@@ -189,6 +195,9 @@ def test_an_approved_version_deploys_and_the_approval_can_be_given_by_hand(aws_e
     state = sdk.deploy(cfg, model_package="1", poll_seconds=0)
     assert state.status == "InService" and state.actions == ["create_model", "create_endpoint_config",
                                                              "create_endpoint"]  # fmt: skip
+    (model,) = sagemaker().list_models()["Models"]
+    container = sagemaker().describe_model(ModelName=model["ModelName"])["PrimaryContainer"]
+    assert container == {"ModelPackageName": pending.arn}  # the Approved version itself, with its lineage
     all_valid(sent)
 
 
