@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import re
 import tarfile
 import time
@@ -227,12 +228,13 @@ class AdapterEndpoints(Endpoints):
             "RuntimeConfig": runtime, "DeploymentConfig": self._rolling_update()})]  # fmt: skip
 
     def _rolling_update(self) -> dict[str, Any]:
-        """The base's copies are replaced one at a time; SageMaker rolls back when new copies fail (or alarms fire)."""
+        """The base's copies are replaced in the smallest batches AWS allows; SageMaker rolls back when new copies fail
+        (or alarms fire)."""
         serving = self.config.serving
         baking = 600 if serving.rollback_alarms else 0
         deployment: dict[str, Any] = {
             "RollingUpdatePolicy": {
-                "MaximumBatchSize": {"Type": "COPY_COUNT", "Value": 1},
+                "MaximumBatchSize": rolling_batch(serving.instance_count),
                 "WaitIntervalInSeconds": baking,
                 "MaximumExecutionTimeoutInSeconds": min(28_800, max(600, serving.instance_count * (
                     serving.startup_timeout_seconds + serving.download_timeout_seconds + baking))),
@@ -380,3 +382,18 @@ def _target(request: Request) -> str:
     params = request.params
     return params.get("InferenceComponentName") or params.get("EndpointName") or params.get("Key") or next(
         (v for k, v in params.items() if k.endswith("Name") and isinstance(v, str)), "")  # fmt: skip
+
+
+# AWS: each rolling step of an inference component's update replaces between 5% and 50% of its copies
+# (API_InferenceComponentRollingUpdatePolicy, MaximumBatchSize); botocore's model does not carry the rule
+ROLLING_BATCH_SHARE = (0.05, 0.50)
+
+
+def rolling_batch(copies: int) -> dict[str, Any]:
+    """The smallest batch the rule admits for `copies` copies. One copy has no whole number of copies within
+    5-50%: the largest share the rule admits is asked for (a batch cannot be less than the one copy)."""
+    low, high = ROLLING_BATCH_SHARE
+    smallest = max(1, math.ceil(copies * low))
+    if smallest <= copies * high:
+        return {"Type": "COPY_COUNT", "Value": smallest}
+    return {"Type": "CAPACITY_PERCENT", "Value": round(high * 100)}

@@ -140,8 +140,8 @@ def test_two_fine_tunes_share_one_base_each_invoked_by_name_then_removed(aws_env
     changed = sdk.render_deploy(adapter_config(aws_env, base, "sales-bot", 8, "serving.max_num_seqs=8"), IMAGE,
                                 f"s3://{aws_env['bucket']}/jobs/b-1/output/model/")  # fmt: skip
     update = next(r for r in changed if r.operation == "update_inference_component")
-    assert update.params["DeploymentConfig"]["RollingUpdatePolicy"]["MaximumBatchSize"] == {"Type": "COPY_COUNT",
-                                                                                           "Value": 1}  # fmt: skip
+    batch = update.params["DeploymentConfig"]["RollingUpdatePolicy"]["MaximumBatchSize"]
+    assert within_rolling_rule(batch, copies=1) and batch == {"Type": "CAPACITY_PERCENT", "Value": 50}
     assert_valid_call("sagemaker", update.operation, update.params)
 
     # the base's container, started from the environment deploy gave the base's model
@@ -209,3 +209,18 @@ def test_the_names_table_is_botocores():
     model = botocore.session.get_session().get_service_model("sagemaker")
     for _kind, (shape, pattern, limit) in SAGEMAKER_NAMES.items():
         assert model.shape_for(shape).metadata["pattern"] == pattern and model.shape_for(shape).metadata["max"] == limit
+
+
+def within_rolling_rule(batch: dict, copies: int) -> bool:
+    """AWS's rule for a rolling step (API_InferenceComponentRollingUpdatePolicy): 5% to 50% of the copy count."""
+    share = batch["Value"] / copies if batch["Type"] == "COPY_COUNT" else batch["Value"] / 100
+    return 0.05 <= share <= 0.5
+
+
+def test_every_rolling_batch_is_within_aws_rule_and_the_smallest_it_admits():
+    from toolkit.deploy.adapters import rolling_batch
+
+    for copies in (1, 2, 3, 10, 20, 21, 40, 100):
+        assert within_rolling_rule(rolling_batch(copies), copies), copies
+    assert rolling_batch(2) == {"Type": "COPY_COUNT", "Value": 1}  # one copy at a time where the rule allows it
+    assert rolling_batch(40) == {"Type": "COPY_COUNT", "Value": 2}  # 1 of 40 is below 5%
