@@ -821,7 +821,7 @@ def invoke(
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.sdk import ChatReply, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
+    from toolkit.sdk import ChatReply, cut_off, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
 
     cfg = load(source, set_)
     messages = messages_for(question, reasoning_language, system)
@@ -847,7 +847,11 @@ def invoke(
         else:
             parts = {"reasoning": "", "content": ""}
             calls: dict[int, dict] = {}
+            finish = ""
             for delta in client.stream(messages, max_tokens, temperature, **extra):
+                if delta.kind == "finish":
+                    finish = delta.text
+                    continue
                 if delta.kind == "tool_call":  # shown whole once the reply ends
                     call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
                     call["name"] += delta.name
@@ -859,12 +863,17 @@ def invoke(
                 parts[delta.kind] += delta.text
                 (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
             out.print()
-            reply = ChatReply(parts["content"], parts["reasoning"], "", {}, tool_calls=list(calls.values()))
+            reply = ChatReply(parts["content"], parts["reasoning"], finish, {}, tool_calls=list(calls.values()))
             for line in show_tool_calls(reply.tool_calls):
                 out.print(line, highlight=False, markup=False)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    ended_early = cut_off(reply.finish_reason, max_tokens)
+    if ended_early and not as_json:  # the JSON carries finish_reason itself
+        err.print(f"[yellow]{ended_early}[/]", highlight=False)
     problems = reply_problems(reply) if check else []
+    if check and ended_early:
+        problems.insert(0, f"was {ended_early}")
     if problems:
         fail("the reply " + "; ".join(problems), code=1)
 

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
 from toolkit.config.targets import run_home
-from toolkit.deploy.client import ChatReply, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
+from toolkit.deploy.client import (
+    ChatReply,
+    cut_off,
+    messages_for,
+    read_tools,
+    reply_problems,
+    show_tool_calls,
+    wait_for,
+)
 from toolkit.infra import ExportRole
 from toolkit.limits import parse_price_overrides
 from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
@@ -26,6 +34,7 @@ __all__ = [
     "ExportRole",
     "JobDetached",
     "JobInterrupted",
+    "cut_off",
     "messages_for",
     "parse_price_overrides",
     "read_tools",

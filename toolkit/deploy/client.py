@@ -31,8 +31,8 @@ class ChatReply:
 
 @dataclass
 class Delta:
-    kind: Literal["reasoning", "content", "tool_call"]
-    text: str  # for a tool call: a piece of its arguments (JSON text)
+    kind: Literal["reasoning", "content", "tool_call", "finish"]
+    text: str  # for a tool call: a piece of its arguments (JSON text); for "finish": the finish_reason
     name: str = ""  # a tool call's function name (on its first piece)
     index: int = 0  # which tool call of the reply
 
@@ -77,6 +77,13 @@ def reply_problems(reply: ChatReply) -> list[str]:
     if leaked:
         problems.append("shows special tokens: " + " ".join(leaked))
     return problems
+
+
+def cut_off(finish_reason: str, max_tokens: int) -> str | None:
+    """What to say about a reply that ended at max_tokens instead of its own end; None for one that ended itself."""
+    if finish_reason != "length":
+        return None
+    return f"cut off at --max-tokens {max_tokens} (finish_reason: length): raise --max-tokens for the whole reply"
 
 
 def _reasoning(part: dict) -> str:
@@ -156,6 +163,8 @@ def _delta(line: bytes) -> Iterator[Delta]:
         for call in delta.get("tool_calls") or []:
             function = call.get("function") or {}
             yield Delta("tool_call", function.get("arguments") or "", function.get("name") or "", call.get("index", 0))
+        if choice.get("finish_reason"):  # why the reply ended: stop, length (max_tokens), tool_calls
+            yield Delta("finish", choice["finish_reason"])
 
 
 class ChatClient:

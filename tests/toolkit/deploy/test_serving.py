@@ -222,9 +222,18 @@ def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trai
                                       "--max-tokens", "160", "--no-stream", "--check"])  # fmt: skip
     assert by_url.exit_code == 0, by_url.output
     assert "answer: " in by_url.output and "reasoning: " in by_url.output
-    cut_short = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?", "--url",
-                                         server.url, "--max-tokens", "4", "--check"])  # fmt: skip
-    assert cut_short.exit_code == 1 and "has no answer (final channel)" in cut_short.output
+    for streamed in ("--stream", "--no-stream"):  # a reply cut at max_tokens says so, and what to raise
+        cut_short = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?", "--url",
+                                             server.url, "--max-tokens", "4", streamed])  # fmt: skip
+        assert cut_short.exit_code == 0, cut_short.output
+        said = " ".join(cut_short.stderr.split())
+        assert "cut off at --max-tokens 4 (finish_reason: length): raise --max-tokens" in said, cut_short.output
+        checked = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?", "--url",
+                                           server.url, "--max-tokens", "4", streamed, "--check"])  # fmt: skip
+        message = " ".join(checked.stderr.split())
+        assert checked.exit_code == 1 and "the reply was cut off at --max-tokens 4" in message, checked.output
+        assert "has no answer (final channel)" in message
+    assert "cut off" not in by_url.output  # a reply that ended by itself
 
     with SageMakerRuntime(server.url, "tiny-gpt-oss-local") as runtime:
         monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
