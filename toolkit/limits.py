@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -69,8 +68,9 @@ def parse_price_overrides(values: list[str]) -> dict[str, float]:
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit"
-    return Path(root) / "prices.json"
+    from toolkit_train.settings import cache_root
+
+    return cache_root() / "prices.json"
 
 
 def shipped_prices() -> dict[str, Any]:

@@ -8,6 +8,7 @@ SageMaker hyperparameters (flattened by `to_hyperparameters`).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +42,14 @@ FAILED_PREFIX = "[toolkit] FAILED: "
 STOP_WINDOW_SECONDS = 120
 RANK_SHUTDOWN_SECONDS = STOP_WINDOW_SECONDS - 15
 TORCHRUN_SHUTDOWN_ENV = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(RANK_SHUTDOWN_SECONDS)}
+
+
+def cache_root() -> Path:
+    """Where built things are kept between runs (tiny models, the price cache): TOOLKIT_CACHE_DIR, else the user's
+    cache directory (XDG_CACHE_HOME, as scripts/env.sh's environments) + toolkit."""
+    if os.environ.get("TOOLKIT_CACHE_DIR"):
+        return Path(os.environ["TOOLKIT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolkit"
 
 
 class StrictModel(BaseModel):

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from .settings import cache_root
 
 # o200k's pre-tokenizer pattern (tiktoken_ext.openai_public.o200k_base), which gpt-oss's tokenizer uses
 O200K_PATTERN = "|".join(
@@ -61,10 +62,6 @@ RECIPE: dict[str, Any] = {
     "pretrain_learning_rate": 3e-3,
 }
 TOOLS_RECIPE = {"pretrain_text": "every third conversation a row of the tool-calling sample"}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
 
 
 def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
