@@ -629,7 +629,12 @@ def infra_destroy(
 
 
 DeployTarget = Annotated[
-    ServeTarget, typer.Option("--target", help="endpoint: a SageMaker endpoint; local: vLLM on this machine.")
+    ServeTarget | None,
+    typer.Option(
+        "--target",
+        help="endpoint: a SageMaker endpoint; local: vLLM on this machine (default: local when the config's target "
+        "is local, else endpoint).",
+    ),
 ]
 
 
@@ -662,7 +667,7 @@ def status(message: str):
 @app.command("deploy")
 def deploy(
     source: ConfigArg,
-    target: DeployTarget = "endpoint",
+    target: DeployTarget = None,
     image_uri: Annotated[str | None, typer.Option(help="Serve this image; skip the build.")] = None,
     model_data: Annotated[str | None, typer.Option(help="S3 URI of model.tar.gz (default: latest job's).")] = None,
     model_dir: Annotated[
@@ -684,6 +689,8 @@ def deploy(
     from toolkit import sdk
 
     cfg = load(source, set_)
+    endpoint_only = model_package is not None or image_uri is not None or model_data is not None
+    target = sdk.serve_target(cfg, target or ("endpoint" if endpoint_only else None))
     if model_package is not None and (target == "local" or image_uri or model_data):
         fail("--model-package: the registered version brings its image and model; it deploys to --target endpoint "
              "without --image-uri or --model-data")  # fmt: skip
@@ -807,7 +814,7 @@ def invoke(
     max_tokens: Annotated[int, typer.Option(min=1)] = 512,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.7,
     stream: Annotated[bool, typer.Option("--stream/--no-stream", help="Print tokens as they arrive.")] = True,
-    target: DeployTarget = "endpoint",
+    target: DeployTarget = None,
     url: Annotated[str | None, typer.Option(help="A server's base URL (implies a local/HTTP target).")] = None,
     wait: Annotated[float, typer.Option(help="local/url: wait up to this many seconds for the server.")] = 0,
     check: Annotated[
@@ -824,6 +831,7 @@ def invoke(
     from toolkit.sdk import ChatReply, cut_off, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
 
     cfg = load(source, set_)
+    target = sdk.serve_target(cfg, target)
     messages = messages_for(question, reasoning_language, system)
     try:
         extra: dict[str, Any] = {"tools": read_tools(tools) if tools else None, "reasoning_effort": reasoning_effort}

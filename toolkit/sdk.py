@@ -23,6 +23,7 @@ from toolkit.deploy.client import (
     show_tool_calls,
     wait_for,
 )
+from toolkit.errors import BadInput
 from toolkit.infra import ExportRole
 from toolkit.limits import parse_price_overrides
 from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
@@ -366,6 +367,16 @@ def render_serve_local(
     cfg = _as_config(config, overrides)
     plan = LocalServer(cfg, local_model_dir(cfg, model_dir), port).plan()
     return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
+
+
+def serve_target(config: Config, target: str | None = None) -> Literal["endpoint", "local"]:
+    """Where deploy and invoke go when not told: this machine for a config whose training target is local (its model
+    is here), else the config's SageMaker endpoint."""
+    if target is None:
+        return "local" if config.target == "local" else "endpoint"
+    if target not in ("endpoint", "local"):
+        raise BadInput(f"target {target!r}: serve on 'endpoint' (SageMaker) or 'local' (vLLM on this machine)")
+    return "local" if target == "local" else "endpoint"
 
 
 def chat_client(

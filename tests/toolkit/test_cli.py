@@ -107,6 +107,23 @@ def test_dry_run_local_launches_nothing(tmp_path):
     assert not out_dir.exists()
 
 
+def test_invoke_of_a_local_config_asks_this_machine_not_aws(monkeypatch):
+    """Without --target, a config whose training target is local is invoked on this machine's server (here: none
+    listens), never on a SageMaker endpoint that would need credentials."""
+    import socket
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    result = runner.invoke(app, ["invoke", "tiny-gpt-oss-local", "Hallo", "--set", f"serving.local_port={closed}"])
+    assert result.exit_code == 2, result.output
+    assert f"cannot reach http://127.0.0.1:{closed}/invocations" in " ".join(result.stderr.split()), result.output
+    assert "credentials" not in result.output
+
+
 def test_unbuilt_target_says_so_plainly(monkeypatch):
     import pytest
 

@@ -119,11 +119,11 @@ def test_exit_codes_follow_the_cause(aws_env, tmp_path):
         ("bad input", ["deploy", str(config), "--model-data", "foo", *image], "is not an s3:// URI"),
         ("bad input", ["invoke", str(config), "hi", "--target", "local", "--set", f"serving.local_port={closed}"],
          "cannot reach"),
-        ("bad input", ["invoke", str(config), "hi"], "InvokeEndpointWithResponseStream failed"),
+        ("bad input", ["invoke", str(config), "hi", "--target", "endpoint"], "InvokeEndpointWithResponseStream failed"),
         ("bad input", ["infra", "outputs", "-c", str(config)], "no stack named toolkit"),
         ("bad input", ["endpoint", "describe", "-c", str(config)], "does not exist"),
         ("bad input", ["register", str(config)], "does not exist"),
-        ("failed", ["invoke", str(config), "hi", "--no-stream", "--check"], "has no reasoning"),
+        ("failed", ["invoke", str(config), "hi", "--target", "endpoint", "--no-stream", "--check"], "has no reasoning"),
     ]  # fmt: skip
     reply = {"choices": [{"message": {"content": "an answer only"}, "finish_reason": "stop"}]}
     scripted = {"results": [{"Body": json.dumps(reply), "ContentType": "application/json"}]}

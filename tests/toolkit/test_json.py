@@ -23,7 +23,7 @@ def run_json(*args: str) -> dict:
 
 
 def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
-    job = "tiny-gpt-oss-local-20261130-1"
+    job = "tiny-gpt-oss-local-20261130120000"
     completed_training_job(aws_env, job)
     config = tmp_path / "job.yaml"
     config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"
@@ -43,13 +43,13 @@ def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
              "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local"}  # fmt: skip
     scripted = {"results": [{"Body": json.dumps(reply), "ContentType": "application/json"}]}
     requests.post(f"{aws_env['endpoint']}/moto-api/static/sagemaker/endpoint-results", json=scripted, timeout=10)
-    answered = run_json("invoke", str(config), "Wie viele Minuten hat ein Tag?")
+    answered = run_json("invoke", str(config), "Wie viele Minuten hat ein Tag?", "--target", "endpoint")
     assert answered == {"content": "1440", "reasoning": "24 x 60", "finish_reason": "stop",
                         "usage": {"completion_tokens": 3}, "model": "tiny-gpt-oss-local", "tool_calls": []}  # fmt: skip
 
 
 def test_list_verbs_print_typed_rows_not_sagemaker_keys(aws_env, tmp_path):
-    job = "tiny-gpt-oss-local-20261130-2"
+    job = "tiny-gpt-oss-local-20261130120500"
     completed_training_job(aws_env, job)
     config = tmp_path / "job.yaml"
     config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"

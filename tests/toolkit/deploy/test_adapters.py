@@ -170,6 +170,7 @@ def test_two_fine_tunes_share_one_base_each_invoked_by_name_then_removed(aws_env
             assert reply.model == cfg.name and reply.usage["completion_tokens"] > 0
         assert components.invoked == [("support-bot", "support-bot"), ("sales-bot", "sales-bot")]
         by_cli = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Hallo", "--no-stream", "--max-tokens", "4",
+                                          "--target", "endpoint",
                                           "--set", "name=sales-bot", "--set", f"model.id={base}", "--set",
                                           "serving.weights=adapter"])  # fmt: skip
         assert by_cli.exit_code == 0, by_cli.output

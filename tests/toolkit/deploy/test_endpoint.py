@@ -52,7 +52,7 @@ def completed_training_job(aws_env, name):
 
 
 def test_deploy_creates_model_config_and_endpoint_from_the_latest_training_job(aws_env):
-    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130-1")
+    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130120000")
     cfg = config(aws_env, "serving.max_model_len=2048", "serving.vllm_args.enable-prefix-caching=true")
     state = sdk.deploy(cfg, image_uri=IMAGE, poll_seconds=0)
 

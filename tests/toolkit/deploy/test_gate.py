@@ -29,7 +29,7 @@ from toolkit.evaluate.gate import judge
 from toolkit.evaluate.report import build, write
 from toolkit.evaluate.scoring import METRIC_NAMES
 
-JOB = "tiny-gpt-oss-local-20261202-1"
+JOB = "tiny-gpt-oss-local-20261202120000"
 REFERENCES = ["Paris ist die Hauptstadt.", "Ein Tag hat 1440 Minuten.", "Die Erde hat einen Mond."]
 WRONG = ["Ich weiss es nicht.", "Vielleicht zwei.", "Keine Ahnung, wirklich."]
 
@@ -330,7 +330,9 @@ def test_eval_through_sagemaker_scores_the_staging_candidate_against_what_serves
     assert report["metrics"]["rougeL"]["fine-tuned"] == 1.0 and report["metrics"]["rougeL"]["serving"] < 0.5
     assert report["metrics"]["format_valid"]["serving"] == pytest.approx(2 / 3)  # the cut-off reply is invalid
     assert report["metrics"]["format_valid"]["fine-tuned"] == 1.0
-    assert report["scored_model"]["training_job"] == JOB and pending.arn in report["scored_model"]["model"]
+    # the unapproved version's model is made from its parts (AWS deploys a package by name only once Approved): the
+    # job is read from the model data it serves, /<job>/output/model/
+    assert report["scored_model"]["training_job"] == JOB and f"/{JOB}/output/model/" in report["scored_model"]["model"]
     invoked = [p for _, operation, p in sent[before:] if operation == "InvokeEndpoint"]
     assert [p["EndpointName"] for p in invoked] == ["tiny-gpt-oss-local"] * 3 + ["tiny-staging"] * 3
     assert json.loads(invoked[0]["Body"])["messages"] == rows[0].messages

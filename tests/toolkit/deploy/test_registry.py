@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_register_records_the_latest_job_once_and_approval_is_applied_on_rerun(aws_env):
-    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130-1")
+    model_data = completed_training_job(aws_env, "tiny-gpt-oss-local-20261130120000")
     cfg = config(aws_env)
     first = sdk.register(cfg, image_uri=IMAGE)
     assert first.created and first.status == "PendingManualApproval" and first.group == "tiny-gpt-oss-local"
@@ -26,7 +26,7 @@ def test_register_records_the_latest_job_once_and_approval_is_applied_on_rerun(a
     assert container["Image"] == IMAGE  # the job's uncompressed model prefix, as the endpoint serves it
     assert container["ModelDataSource"]["S3DataSource"]["S3Uri"] == model_data
     metadata = package["CustomerMetadataProperties"]
-    assert metadata["training_job"] == "tiny-gpt-oss-local-20261130-1"
+    assert metadata["training_job"] == "tiny-gpt-oss-local-20261130120000"
     assert metadata["base_model"] == "builtin:tiny-gpt-oss" and metadata["lora"] == "r=8 alpha=16"
 
     again = sdk.register(cfg, image_uri=IMAGE, approve=True)

@@ -242,7 +242,8 @@ def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trai
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
         monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
         same_reply(toolkit.sdk.chat_client(load_config("tiny-gpt-oss-local")))
-        result = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Planeten?", "--max-tokens", "8"])
+        result = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Planeten?", "--max-tokens", "8",
+                                          "--target", "endpoint"])  # fmt: skip
         assert result.exit_code == 0, result.output
 
 
@@ -322,10 +323,14 @@ def test_lora_adapter_on_a_dense_model_through_enable_lora(trained, tmp_path):
     assert "--enable-lora" in (tmp_path / "serve.log").read_text()
 
 
-def test_local_deploy_dry_run_starts_nothing(trained):
+def test_local_deploy_dry_run_starts_nothing(trained, monkeypatch):
+    """A -local config deploys on this machine without --target (its model is here): no AWS credential is asked."""
     _, model = trained
     port = free_port()
-    result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--target", "local", "--dry-run",
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--dry-run",
                                       "--model-dir", str(model), "--port", str(port)])  # fmt: skip
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
