@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: lint, format check, type check, then every test (unit and integration), pytest's slowest
-# durations at the end. `--quick` (first argument): lint, types and the unit tests only, no engines (development;
-# CI always runs everything). Other arguments go to pytest. docs/testing.md: what each module starts, the budget.
+# durations at the end. `--quick` (first argument): lint, types and the unit tests only, no engines, on two
+# workers (development; CI always runs everything). Other arguments go to pytest. docs/testing.md: what each
+# module starts, the budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--quick" ]; then
@@ -10,7 +11,7 @@ if [ "${1:-}" = "--quick" ]; then
   "$VENV/bin/ruff" check .
   "$VENV/bin/ruff" format --check .
   "$VENV/bin/mypy"
-  exec "$VENV/bin/pytest" -q -m "not integration" --durations=10 "$@"
+  exec "$VENV/bin/pytest" -q -n 2 --dist loadfile -m "not integration" --durations=10 "$@"
 fi
 # Real engines for the integration tests (Debian packages; the tests start and stop the daemons by PID):
 # a two-node Slurm cluster (HyperPod Slurm), dockerd + a registry (the serving image's build and push).

@@ -455,13 +455,13 @@ def test_a_merge_with_packed_mxfp4_experts_is_served_as_mxfp4(tmp_path):
     assert "quantization=gpt_oss_mxfp4" in (tmp_path / "serve.log").read_text()
 
 
-def _deploy_cli(model, port: int, cwd):
+def _deploy_cli(model, port: int, cwd, *extra: str):
     import subprocess
     import sys
 
     return subprocess.Popen(
         [sys.executable, "-m", "toolkit.cli", "deploy", "tiny-gpt-oss-local", "--target", "local",
-         "--model-dir", str(model), "--port", str(port)],
+         "--model-dir", str(model), "--port", str(port), *extra],
         cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -501,7 +501,9 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
 
     stale = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a server left running
     record.write_text(str(stale.pid))
-    second = _deploy_cli(model, port, tmp_path)
+    # a context of 4096 (the tiny model's own) for a reply of ~30 s: when the API server is starved of CPU, vLLM
+    # merges the outputs it has not picked up yet, and an 800-token reply once came whole with its first event
+    second = _deploy_cli(model, port, tmp_path, "--set", "serving.max_model_len=4096")
     assert second.stdout is not None
     shown = []  # until deploy says it is serving: its prompt-parity check has passed and no request of its own is out
     for line in second.stdout:
@@ -517,7 +519,7 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
     def stream() -> None:
         client = ChatClient.for_url(f"http://127.0.0.1:{port}", "tiny-gpt-oss-local")
         # the client's own streaming path, with vLLM's ignore_eos so that the reply is still flowing at the kill
-        body = {**client._body(QUESTION, 800, 1.0, stream=True), "ignore_eos": True, "min_tokens": 800}
+        body = {**client._body(QUESTION, 3800, 1.0, stream=True), "ignore_eos": True, "min_tokens": 3800}
 
         def opened(chunks):
             # the kill comes at the stream's first event (the role delta, sent before any token is sampled): vLLM's
