@@ -98,24 +98,19 @@ def unique_job_name(base: str) -> str:
     return _get_unique_name(base)
 
 
-# The SDK's job-name rule (sagemaker.train.utils._get_unique_name): "_" -> "-", "-", a %Y%m%d%H%M%S time, cut at 63
-JOB_NAME_TIME_DIGITS = 14
-JOB_NAME_MAX = 63
-
-
 def job_name_stem(base: str) -> str:
     """What every job name of `base` starts with (the ListTrainingJobs NameContains filter)."""
     return base.replace("_", "-") + "-"
 
 
 def is_job_of(base: str, job_name: str) -> bool:
-    """Whether `job_name` is one `unique_job_name(base)` gives: the stem then the time's digits, nothing else, so
-    that a config never takes another config's job whose name merely starts with its own
-    (gpt-oss-120b-lora vs gpt-oss-120b-lora-1node-20261204120000)."""
-    template = (job_name_stem(base) + "#" * JOB_NAME_TIME_DIGITS)[:JOB_NAME_MAX]
-    return len(job_name) == len(template) and all(
-        char.isdigit() if wanted == "#" else char == wanted for wanted, char in zip(template, job_name, strict=True)
-    )
+    """Whether `job_name` has the shape `unique_job_name(base)` gives (the SDK's own rule: the stem, then a
+    timestamp's digits, cut at its length limit), so that a config never takes another config's job whose name
+    merely starts with its own (gpt-oss-120b-lora vs gpt-oss-120b-lora-1node-20261204120000)."""
+    named = unique_job_name(base)
+    fixed = min(len(job_name_stem(base)), len(named))
+    digits = job_name[fixed:]
+    return len(job_name) == len(named) and job_name[:fixed] == named[:fixed] and all(c.isdigit() for c in digits)
 
 
 @contextlib.contextmanager
