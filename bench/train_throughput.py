@@ -131,13 +131,15 @@ def packed_gate(config, device) -> dict:
     torch.backends.cudnn.allow_tf32 = False
     rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
     out: dict = {}
-    # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, toolkit_train/mxfp4_lora.py)
-    for prefix, targets in (("", []), ("experts_", EXPERT_PARAMETERS)):
+    # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, toolkit_train/mxfp4_lora.py),
+    # then the experts at rank 4 (lora.expert_r: padded to the grouped GEMM's alignment)
+    cases = (("", [], None), ("experts_", EXPERT_PARAMETERS, None), ("experts_r4_", EXPERT_PARAMETERS, 4))
+    for prefix, targets, expert_r in cases:
         for dtype in (torch.float32, torch.bfloat16):
             results = []
             packed = build_packed_model(config, device, FAST_ATTENTION).to(dtype)
             for model in (packed, unpacked_copy(packed, config, device, dtype)):
-                model = add_lora(model, LoraSettings(dropout=0.0, target_parameters=targets), seed=0)
+                model = add_lora(model, LoraSettings(dropout=0.0, target_parameters=targets, expert_r=expert_r), seed=0)
                 torch.manual_seed(5)
                 for name, param in model.named_parameters():
                     if "lora_B" in name:
@@ -149,7 +151,7 @@ def packed_gate(config, device) -> dict:
             out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
             del packed
     out["passed"] = all(out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5
-                        for p in ("", "experts_"))  # fmt: skip
+                        for p, _, _ in cases)  # fmt: skip
     return out
 
 
@@ -600,6 +602,13 @@ EXPERT_LORA = {  # the same with LoRA on the MoE experts too
 }
 EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on the packed experts too
+# ... + "-rN": with the experts at a rank of their own (lora.expert_r), e.g. 120b-mxfp4-16k-gc-experts-r4
+
+
+def packed_name(name: str) -> tuple[str, bool, int | None]:
+    """A PACKED variant's name -> (its PACKED key, expert LoRA or not, lora.expert_r or None)."""
+    key, experts, rank = name.partition(EXPERTS_SUFFIX)
+    return key, bool(experts), int(rank.removeprefix("-r")) if rank else None
 
 
 def run_one(name: str, args, device, dtype) -> dict:
@@ -614,7 +623,7 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     if name == "mxfp4-gate":
         return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
-    if name.removesuffix(EXPERTS_SUFFIX) in PACKED:
+    if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
     variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
     experts = "grouped_mm" if variant == "recipe" or name.endswith("-ref") else "toolkit_fused"
@@ -643,19 +652,20 @@ def run_packed(name: str, args, device) -> dict:
     from toolkit_train.model import add_lora
     from toolkit_train.settings import LoraSettings
 
-    size, max_length, budget, checkpointing, warmup = PACKED[name.removesuffix(EXPERTS_SUFFIX)]
+    key, expert_lora, expert_r = packed_name(name)
+    size, max_length, budget, checkpointing, warmup = PACKED[key]
     config = gpt_oss_config(args.tiny, size=size)
-    targets = EXPERT_PARAMETERS if name.endswith(EXPERTS_SUFFIX) else []
-    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
+    targets = EXPERT_PARAMETERS if expert_lora else []
+    lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets, expert_r=expert_r)
     if size == "120b":
         lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                            target_parameters=targets)  # fmt: skip
+                            target_parameters=targets, expert_r=expert_r)  # fmt: skip
     model = add_lora(build_packed_model(config, device, "eager"), lora, seed=0)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
                       "toolkit_fused", size)  # fmt: skip
-    lora_on = "attention + experts" if targets else "attention"
+    lora_on = f"attention + experts r{lora.expert_r or lora.r}" if targets else "attention"
     return {
         "name": name,
         **row,

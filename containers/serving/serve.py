@@ -79,9 +79,11 @@ def lora_rank(rank: int) -> int:
 
 
 def _adapter_rank(adapter: Path) -> int:
+    """The adapter's largest rank: `r`, or a module's own in `rank_pattern` (lora.expert_r) when larger."""
     try:
-        return int(json.loads((adapter / "adapter_config.json").read_text())["r"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        return max([int(config["r"]), *(int(rank) for rank in (config.get("rank_pattern") or {}).values())])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ModelDirError(f"{adapter / 'adapter_config.json'} has no readable rank `r`: {exc}") from None
 
 

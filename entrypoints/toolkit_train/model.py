@@ -183,12 +183,15 @@ def compile_decoder_layers(model) -> int:
 def lora_config(settings: LoraSettings):
     from peft import LoraConfig
 
+    rank_pattern, alpha_pattern = settings.rank_patterns()
     return LoraConfig(
         r=settings.r,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=settings.target_modules,
         target_parameters=settings.target_parameters or None,
+        rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
         task_type="CAUSAL_LM",
         bias="none",
     )

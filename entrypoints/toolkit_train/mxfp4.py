@@ -129,12 +129,19 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(blocks).contiguous(), torch.stack(scales).contiguous()
 
 
+RANK_ALIGNMENT = 8  # elements: 16 bytes of bf16, the grouped GEMM's stride alignment
+
+
 def _lora_beside(rows, offsets, factors):
     """scaling * (rows @ A_e) @ B_e per expert: the LoRA part of rows @ (W + scaling * A @ B), as two grouped GEMMs
     of rank width (autograd saves rows and the rank-wide middle, never a weight-sized tensor)."""
     from transformers.integrations.moe import _grouped_mm
 
     lhs, rhs, scaling = factors  # [E, in, r], [E, r, out] (peft's ParamWrapper.get_delta_factors)
+    # CUDA's grouped GEMM needs each row 16-byte aligned: a rank that is not a multiple of 8 (bf16) is padded
+    # with zero columns of A and zero rows of B, which add nothing (and receive no gradient that reaches A or B)
+    pad = -lhs.shape[-1] % RANK_ALIGNMENT
+    lhs, rhs = nn.functional.pad(lhs, (0, pad)), nn.functional.pad(rhs, (0, 0, 0, pad))
     middle = _grouped_mm(rows, lhs.to(rows.dtype).contiguous(), offs=offsets)
     return _grouped_mm(middle, rhs.to(rows.dtype).contiguous(), offs=offsets) * scaling
 

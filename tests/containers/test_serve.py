@@ -79,6 +79,16 @@ def test_max_lora_rank_is_the_adapters_rank_rounded_up_to_one_vllm_allows(tmp_pa
     assert argv[argv.index("--max-lora-rank") + 1] == str(served)
 
 
+def test_an_expert_rank_above_r_sets_the_served_rank(tmp_path):
+    """lora.expert_r is saved as peft's rank_pattern: vLLM must hold the adapter's largest rank, not `r`."""
+    root = tmp_path / "model"
+    (root / "adapter").mkdir(parents=True)
+    config = {"r": 8, "rank_pattern": {"mlp.experts": 32}, "alpha_pattern": {"mlp.experts": 64.0}}
+    (root / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    argv = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_BASE_MODEL": "org/moe-model"})
+    assert argv[argv.index("--max-lora-rank") + 1] == "32"
+
+
 def test_a_base_component_serves_lora_at_the_rank_it_is_given_and_loads_adapters_at_run_time(tmp_path):
     argv = serve.command({"SM_MODEL_DIR": str(tmp_path), "SM_VLLM_BASE_MODEL": "org/dense-model",
                           "TOOLKIT_LORA_RANK": "24", "SM_VLLM_MAX_LORAS": "4"})  # fmt: skip

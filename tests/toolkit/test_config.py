@@ -162,6 +162,7 @@ BROKEN = [
     ({"training": {"learning_rate": "fast"}}, "training.learning_rate"),
     ({"training": {"warmup_ratio": 1.5}}, "training.warmup_ratio"),
     ({"lora": {"target_parameters": ["mlp.experts.gate_up_proj"], "dropout": 0.1}}, "set lora.dropout to 0"),
+    ({"lora": {"target_parameters": [], "expert_r": 4}}, "lora.expert_r does nothing without lora.target_parameters"),
     ({"target": "hyperpod"}, "needs hyperpod.cluster"),
     (
         {"training_job": {"instance_type": "ml.p9.huge"}},

