@@ -135,10 +135,25 @@ def group(help_text: str) -> typer.Typer:
     return typer.Typer(cls=Commands, help=help_text, no_args_is_help=True)
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"toolkit {version('toolkit')}")
+        except PackageNotFoundError:  # a checkout on sys.path, not installed: nothing records a version
+            typer.echo("toolkit (not installed: run `pip install -e .` for a version)")
+        raise typer.Exit()
+
+
 @app.callback()
 def main_options(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Log what the toolkit does: every AWS call, retries, timings.")
+    ] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the toolkit's version and exit."),
     ] = False,
 ) -> None:
     if verbose:
@@ -780,7 +795,7 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
             time.sleep(0.1)
         server.stop()
         if died is not None:  # the server went away during the check: say so, as when it dies while serving
-            fail(f"the server exited with {died}; its log ends:\n{server.log_tail()}", code=1)
+            fail(server.ended(died), code=1)
         raise
     if problems:
         server.stop()
@@ -796,7 +811,7 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
         out.print("stopped")
         return
     server.stop()  # the API server died: end its engine and workers too
-    fail(f"the server exited with {code}; its log ends:\n{server.log_tail()}", code=1)
+    fail(server.ended(code), code=1)
 
 
 @app.command("invoke")

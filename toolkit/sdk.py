@@ -443,12 +443,16 @@ def evaluate(
     tasks run against each server too (report["benchmarks"]); a name the harness does not know raises
     EvalInputError before any server starts.
     """
+    import contextlib
     import json
 
+    from toolkit.deploy import DeployInputError
     from toolkit.deploy.local import model_dir as trained_dir
     from toolkit.evaluate import (
+        RUN_RECORD,
         SERVING,
         EvalInputError,
+        as_trained,
         eval_dir,
         evaluate_endpoints,
         evaluate_local,
@@ -459,6 +463,14 @@ def evaluate(
     from toolkit.evaluate.report import build, write
 
     cfg = _as_config(config, overrides)
+    run = None
+    if target == "local":  # the trained run's own held-out rows (its run.json), whatever this command's flags say
+        with contextlib.suppress(DeployInputError):  # no trained model: said below, after what data.eval needs
+            run_file = trained_dir(cfg, model_dir) / RUN_RECORD
+            run = json.loads(run_file.read_text()) if run_file.is_file() else None
+        cfg, note = as_trained(cfg, run)
+        if note and on_status:
+            on_status(note)
     require_held_out(cfg)
     if target == "endpoint":
         if not candidate_endpoint:
@@ -473,8 +485,6 @@ def evaluate(
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results, scored_model=scored_model(cfg, directory))
-    run_file = directory / "run.json"
-    run = json.loads(run_file.read_text()) if run_file.is_file() else None
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}
 

@@ -3,14 +3,16 @@ S3, FSx on HyperPod).
 
 The Trainer writes `checkpoint-N/` in place, file by file, so a kill during a save leaves a directory that looks
 like the newest checkpoint and is not one. Here a checkpoint counts only once it is sealed: every file flushed to
-disk, then a record of each file's size written last (into a temporary name, renamed). Resume takes the newest
-checkpoint whose record matches what is on disk and names each one it skipped and why. Retention (the Trainer's
+disk, then a record of each file's size and SHA-256 written last (into a temporary name, renamed). Resume takes the
+newest checkpoint whose record matches what is on disk, by content (a file corrupted without changing its size is
+caught too), and names each one it skipped and why. Retention (the Trainer's
 `save_total_limit`) is done here too, counting only complete checkpoints: the Trainer's own rotation runs before
 a save is known to be complete and could delete the last good checkpoint for a half-written one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,7 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-SEAL = "toolkit-complete.json"  # written last; lists every file of the checkpoint with its size
+SEAL = "toolkit-complete.json"  # written last; lists every file of the checkpoint with its size and SHA-256
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -45,12 +47,22 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def seal(checkpoint: Path) -> None:
     """Flush every file of a finished save to disk, then record it (the record is what makes it a checkpoint)."""
     files = _files(checkpoint)
     for path in files:
         _fsync(path)
-    record = {"files": {str(p.relative_to(checkpoint)): p.stat().st_size for p in files}}
+    names = [str(p.relative_to(checkpoint)) for p in files]
+    record = {"files": {name: p.stat().st_size for name, p in zip(names, files, strict=True)},
+              "sha256": {name: _sha256(p) for name, p in zip(names, files, strict=True)}}  # fmt: skip
     temporary = checkpoint / f"{SEAL}.tmp"
     temporary.write_text(json.dumps(record, indent=1))
     _fsync(temporary)
@@ -58,21 +70,29 @@ def seal(checkpoint: Path) -> None:
     _fsync(checkpoint)
 
 
-def problem(checkpoint: Path) -> str | None:
-    """None for a complete checkpoint; otherwise what is wrong with it, naming the file."""
+def problem(checkpoint: Path, by_content: bool = True) -> str | None:
+    """None for a complete checkpoint; otherwise what is wrong with it, naming the file. by_content=False: sizes
+    only (retention, which runs at every save, need not read every kept checkpoint again)."""
     try:
-        record = json.loads((checkpoint / SEAL).read_text())["files"]
+        record = json.loads((checkpoint / SEAL).read_text())
+        sizes, digests = record["files"], record.get("sha256", {}) if by_content else {}
     except FileNotFoundError:
         return "its save did not finish (no completion record)"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"its completion record {SEAL} is unreadable ({exc})"
-    for name, size in record.items():
+    for name, size in sizes.items():
         try:
             actual = (checkpoint / name).stat().st_size
         except OSError:
             return f"{name} is missing"
         if actual != size:
             return f"{name} has {actual} bytes where {size} were written (truncated or overwritten)"
+    for name, expected in digests.items():  # seals written before digests were recorded have none: sizes alone
+        try:
+            if _sha256(checkpoint / name) != expected:
+                return f"{name} does not hold what was written (its SHA-256 differs: corrupted in place)"
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror})"
     return None
 
 
@@ -108,7 +128,7 @@ def set_aside(skipped: list[Skipped]) -> list[Path]:
 
 def prune(folder: Path, keep: int) -> list[Path]:
     """Delete complete checkpoints beyond the newest `keep` complete ones; incomplete ones are never counted."""
-    complete = [path for _, path in _numbered(folder) if problem(path) is None]
+    complete = [path for _, path in _numbered(folder) if problem(path, by_content=False) is None]
     removed = complete[:-keep] if keep > 0 else []
     for path in removed:
         shutil.rmtree(path)

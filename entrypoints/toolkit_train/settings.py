@@ -402,6 +402,26 @@ class TrainSettings(StrictModel):
 TRAIN_SECTIONS = tuple(TrainSettings.model_fields)
 
 
+# Where a run stops, how often it saves and logs, where it reports, whether it merges: changing these continues the
+# same run (raising max_steps trains on from the last checkpoint, the schedule stretched to the new end); every
+# other setting defines the run's trajectory, and checkpoints of another trajectory are never resumed from.
+NOT_TRAJECTORY = (
+    "training.max_steps",
+    "training.num_epochs",
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.logging_steps",
+    "training.report_to",
+    "training.mlflow",
+    "training.merge_adapter",
+)
+
+
+def trajectory(hyperparameters: dict[str, str]) -> dict[str, str]:
+    """The hyperparameters (to_hyperparameters') that a run's checkpoints belong to: all but NOT_TRAJECTORY."""
+    return {key: value for key, value in hyperparameters.items() if key not in NOT_TRAJECTORY}
+
+
 def to_hyperparameters(settings: TrainSettings) -> dict[str, str]:
     """Flatten to SageMaker hyperparameters: dotted keys, JSON-encoded values."""
     flat: dict[str, str] = {}

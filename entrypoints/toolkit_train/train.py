@@ -94,15 +94,29 @@ def rank() -> int:
 
 
 def fault_point(moment: str) -> None:
-    """SIGKILL the run at this moment when a test asks for it: the launcher's whole process group when this runs
-    in a session of its own (the local target's), else only this process."""
+    """SIGKILL the run at this moment when a test asks for it: in a session of its own (the local target's) every
+    process of the run's group but its leader, the output relay (toolkit/targets/relay.py: the trainer's processes
+    die, the relay reports it, as after a crash or the OOM killer), else only this process."""
     if os.environ.get(FAULT_POINT_ENV) != moment or rank() != 0:
         return
     log(f"fault point {moment}: killing the run")
     sys.stdout.flush()
-    if os.getsid(0) == os.getpgrp():
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    group = os.getpgrp()
+    if os.getsid(0) == group:
+        for pid in _group_members(group) - {group, os.getpid()}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _group_members(group: int) -> set[int]:
+    """The processes of a process group (Linux /proc: stat's fifth field is the group)."""
+    members = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group:
+                members.add(int(stat.parent.name))
+    return members
 
 
 def with_fault_points(trainer_class: Any) -> Any:

@@ -34,6 +34,13 @@ def test_help_and_validate_import_no_heavy_library(argv):
     assert "HEAVY []" in result.stdout
 
 
+def test_version_is_the_installed_packages():
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"toolkit {version('toolkit')}"
+
+
 def test_validate_ok_and_bad(tmp_path):
     assert runner.invoke(app, ["config", "validate", "tiny-gpt-oss-local"]).exit_code == 0
     bad = tmp_path / "bad.yaml"

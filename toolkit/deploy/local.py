@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -110,6 +111,20 @@ def _group_alive(group: int) -> bool:
     return True
 
 
+# the last line of a Python traceback: `RuntimeError: ...`, `torch.OutOfMemoryError: ...`, `vllm...EngineDeadError`
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b(?::|$)")
+
+
+def cause_lines(log: str, tail: int = 8) -> str:
+    """What a server log says about why it ended: its first exception (the cause: what follows is mostly the engine
+    shutting down because of it, e.g. EngineDeadError) and its last lines (traceback headers left out: the message
+    is the CLI's one failure line, the whole log is a path away)."""
+    lines = log.splitlines()
+    first = next((line.strip() for line in lines if _EXCEPTION_LINE.match(line)), None)
+    last = "\n".join(line for line in lines[-tail:] if not line.startswith("Traceback"))
+    return (f"its first error: {first}\n" if first else "") + f"its log ends:\n{last}"
+
+
 class LocalServer:
     """One vLLM server process group: start(), wait_ready(), stop(). Also a context manager.
 
@@ -190,7 +205,7 @@ class LocalServer:
             assert self.process is not None
             if self.process.poll() is not None:
                 self.stop()
-                raise DeployError(f"the server exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise DeployError(self.ended(self.process.returncode))
             if time.monotonic() > deadline:
                 self.stop()
                 raise DeployError(f"the server did not answer /ping within {timeout:.0f} s:\n{self.log_tail()}")
@@ -202,6 +217,13 @@ class LocalServer:
         with contextlib.suppress(OSError):
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+    def ended(self, code: int) -> str:
+        """How the server ended (its exit status, or the signal that killed it) and the log lines that say why."""
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        with contextlib.suppress(OSError):
+            return f"the server {how}; {cause_lines(self.log.read_text(errors='replace'))}\n(whole log: {self.log})"
+        return f"the server {how} (no log at {self.log})"
 
     def stop(self) -> None:
         """End the server and everything it started, also when the API server itself has already died (its

@@ -17,6 +17,7 @@ model against the base model in the same run.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,24 @@ def require_held_out(config: Config) -> None:
             "data.eval is not set: hold rows out for evaluation (data.eval.fraction: 0.2, or data.eval.source), "
             "train with it, then run toolkit eval"
         )
+
+
+SPLIT_SETTINGS = ("split", "skip_bad_rows", "eval")  # data settings that decide which rows a run held out
+
+
+def as_trained(config: Config, run: dict[str, Any] | None) -> tuple[Config, str | None]:
+    """The config with the data settings that decided the run's held-out rows taken from its own record (run.json's
+    settings.data), so that eval scores rows the run never trained on whatever this command's flags say; and a
+    note naming what differed (None when nothing did, or when there is no record)."""
+    recorded = ((run or {}).get("settings") or {}).get("data") or {}
+    current = config.data.model_dump(mode="json")
+    changed = {key: recorded[key] for key in SPLIT_SETTINGS if key in recorded and recorded[key] != current.get(key)}
+    if not changed:
+        return config, None
+    data = type(config.data).model_validate({**current, **changed})
+    said = ", ".join(f"data.{key}: {json.dumps(value)}" for key, value in changed.items())
+    note = f"scoring the rows the run held out as it was trained ({said}), not as this command's settings say"
+    return config.model_copy(update={"data": data}), note
 
 
 def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:

@@ -34,7 +34,14 @@ from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, TargetFailed, tail
 from toolkit.targets.hyperpod import job_dir
-from toolkit.targets.jobtree import RUN_OUTPUTS, code_archive, foreign_checkpoints, settings_file
+from toolkit.targets.jobtree import (
+    RUN_OUTPUTS,
+    TRAJECTORY_FILE,
+    code_archive,
+    foreign_checkpoints,
+    trajectory_file,
+    trajectory_text,
+)
 
 CODE_MOUNT = "/opt/toolkit"
 CODE_LABEL = "toolkit/job"
@@ -52,13 +59,18 @@ CONFIG_MAP_LIMIT_BYTES = 1024 * 1024  # Kubernetes: a ConfigMap's data may not e
 def code_data(config: Config) -> dict[str, dict[str, str]]:
     """The ConfigMap's payload: the code tree as one archive (binaryData), the settings as text (data)."""
     archive = base64.b64encode(code_archive(config)).decode()
-    settings = json.dumps(to_hyperparameters(config.train_settings()))
+    hyperparameters = to_hyperparameters(config.train_settings())
+    settings = json.dumps(hyperparameters)
     if len(archive) + len(settings) > CONFIG_MAP_LIMIT_BYTES:
         raise TargetError(
             f"the training code and settings take {len(archive) + len(settings)} bytes, over a ConfigMap's "
             f"{CONFIG_MAP_LIMIT_BYTES}: remove large files from the training package (entrypoints/toolkit_train/)"
         )
-    return {"binaryData": {CODE_ARCHIVE: archive}, "data": {"hyperparameters.json": settings}}
+    data = {
+        "hyperparameters.json": settings,
+        TRAJECTORY_FILE: trajectory_text(to_hyperparameters(config.train_settings())),
+    }
+    return {"binaryData": {CODE_ARCHIVE: archive}, "data": data}
 
 
 def fresh_start_command(root: Path, token: str) -> str:
@@ -76,11 +88,12 @@ def fresh_start_command(root: Path, token: str) -> str:
 
 def foreign_checkpoints_command(root: Path) -> str:
     """The foreign-checkpoint guard of jobtree.prepare_run_dir, run in the pod (only pods reach FSx here): the job
-    directory's checkpoints were written under other settings than this submission's -> stop before training."""
-    written = shlex.quote(str(settings_file(root)))
+    directory's checkpoints belong to another trajectory than this submission's (jobtree.trajectory_file; a raised
+    max_steps is the same run) -> stop before training."""
+    written = shlex.quote(str(trajectory_file(root)))
     return (
         f"if ls {shlex.quote(str(root / 'checkpoints'))}/checkpoint-* >/dev/null 2>&1 && [ -f {written} ] && "
-        f"! cmp -s {CODE_MOUNT}/hyperparameters.json {written}; then "
+        f"! cmp -s {CODE_MOUNT}/{TRAJECTORY_FILE} {written}; then "
         f"echo {shlex.quote('error: ' + foreign_checkpoints(root))} >&2; exit 2; fi"
     )
 
@@ -101,7 +114,7 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         (f"{fresh_start_command(root, fresh_token)} && " if fresh_token else "")
         + f"{foreign_checkpoints_command(root)}; "
         f"mkdir -p {CODE_DIR} {root}/input/config && tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {CODE_DIR} && "
-        f"cp {CODE_MOUNT}/hyperparameters.json {root}/input/config/ && "
+        f"cp {CODE_MOUNT}/hyperparameters.json {CODE_MOUNT}/{TRAJECTORY_FILE} {root}/input/config/ && "
         + (f"pip install -q -r {CODE_DIR}/requirements.txt && " if hp.install else "")
         + " ".join(["exec", *launcher, f"{CODE_DIR}/{ENTRY_SCRIPT}"])
     )

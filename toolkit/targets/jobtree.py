@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from toolkit_train.settings import to_hyperparameters
+from toolkit_train.settings import to_hyperparameters, trajectory
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
 RUN_OUTPUTS = ("checkpoints", "model", "output")  # what a run writes, and what --fresh clears
+TRAJECTORY_FILE = "trajectory.json"
 OUTCOMES = ("failure", "stopped")  # output/ records of an attempt's end, cleared when the next attempt starts
 
 
@@ -54,8 +55,10 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
 
 
 def _settings_changed(config: Config, root: Path) -> bool:
+    """Another trajectory than the written settings' (a raised max_steps is the same run: it trains on)."""
     written = settings_file(root)
-    return written.exists() and json.loads(written.read_text()) != to_hyperparameters(config.train_settings())
+    ours = trajectory(to_hyperparameters(config.train_settings()))
+    return written.exists() and trajectory(json.loads(written.read_text())) != ours
 
 
 def job_requirements(config: Config) -> str:
@@ -143,11 +146,22 @@ def settings_file(root: Path) -> Path:
     return root / "input" / "config" / "hyperparameters.json"
 
 
+def trajectory_file(root: Path) -> Path:
+    """What the run's checkpoints belong to (settings.trajectory), as text a shell can compare (the EKS guard)."""
+    return settings_file(root).with_name(TRAJECTORY_FILE)
+
+
+def trajectory_text(hyperparameters: dict[str, str]) -> str:
+    return json.dumps(trajectory(hyperparameters), sort_keys=True)
+
+
 def write_settings(config: Config, root: Path) -> None:
     """The entrypoint's settings, and a clean slate for this run's failure file."""
     path = settings_file(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_hyperparameters(config.train_settings()), indent=2))
+    hyperparameters = to_hyperparameters(config.train_settings())
+    path.write_text(json.dumps(hyperparameters, indent=2))
+    trajectory_file(root).write_text(trajectory_text(hyperparameters))
     (root / "output").mkdir(exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)
 

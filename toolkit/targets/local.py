@@ -24,6 +24,7 @@ from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
 
 from toolkit.config import Config
 from toolkit.resources import ENTRY_SCRIPT
+from toolkit.targets import relay
 from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, complete_lines, tail
 from toolkit.targets.jobtree import (
     RunBusy,
@@ -36,6 +37,13 @@ from toolkit.targets.jobtree import (
     stage_code,
     take_run_lock,
 )
+from toolkit.targets.relay import LOG_ERROR_PREFIX
+
+RELAY = str(Path(relay.__file__))  # run by path: the run's PYTHONPATH holds the staged training code alone
+
+
+def log_file(root: Path) -> Path:
+    return root / "output" / "train.log"
 
 
 def job_root(config: Config) -> Path:
@@ -67,7 +75,7 @@ class LocalJob(Job):
 
     @property
     def log_path(self) -> Path:
-        return self.root / "output" / "train.log"
+        return log_file(self.root)
 
     def _running_elsewhere(self) -> int | None:
         """The process group of a run started by another toolkit process, while any of its processes lives."""
@@ -146,40 +154,23 @@ class LocalJob(Job):
                 on_line(note)
         self.notes = []
         assert self.process.stdout
-        log = self._open_log()
-        try:
-            for line in self.process.stdout:
-                if line.startswith(FAILED_PREFIX):
-                    self.last_error = line[len(FAILED_PREFIX) :].strip()
-                log = self._append(log, line)
-                if on_line:
-                    on_line(line.rstrip("\n"))
-            self.process.wait()
-        finally:
-            if log:
-                log.close()
+        for line in self.process.stdout:  # the relay's copy of what it writes to the log (toolkit/targets/relay.py)
+            if line.startswith(FAILED_PREFIX):
+                self.last_error = line[len(FAILED_PREFIX) :].strip()
+            if line.startswith(LOG_ERROR_PREFIX):
+                self.log_error = line[len(LOG_ERROR_PREFIX) :].strip()
+            if on_line:
+                on_line(line.rstrip("\n"))
+        self.process.wait()
+        self._wait_until_released()
         return self.status()
 
-    def _open_log(self):
-        try:
-            return self.log_path.open("a")
-        except OSError as exc:
-            self.log_error = f"cannot write {self.log_path}: {exc.strerror}"
-            return None
-
-    def _append(self, log, line: str):
-        """Keep following when the log cannot be written (a full disk): the run's own outcome matters more."""
-        if log is None:
-            return None
-        try:
-            log.write(line)
-            log.flush()
-            return log
-        except OSError as exc:
-            self.log_error = f"stopped writing {self.log_path}: {exc.strerror}"
-            with contextlib.suppress(OSError):
-                log.close()
-            return None
+    def _wait_until_released(self, seconds: float = 30) -> None:
+        """The relay ended; the trainer's processes may end a moment later (killed with the relay, their exit still
+        under way): return once none holds the run (its lock), so "ended" means nothing of it is left."""
+        deadline = time.monotonic() + seconds
+        while run_holder(self.root) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 class LocalTarget(Target):
@@ -205,8 +196,9 @@ class LocalTarget(Target):
             self._lay_out(config, root, fresh)
             env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
+            relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
             process = subprocess.Popen(
-                launch_command(config),
+                relay + launch_command(config),
                 cwd=root,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -214,6 +206,8 @@ class LocalTarget(Target):
                 text=True,
                 start_new_session=True,  # Ctrl-C reaches us, not the trainer: we stop it cleanly
                 pass_fds=(lock.fd,),  # the run's processes hold the lock as long as they live
+                # the relay writes the log and copies it here: a dead CLI (kill -9, a closed terminal) ends only
+                # the copy, never the trainer
             )
             lock.record(pid=process.pid)  # its process group, for `toolkit jobs` from another shell
         finally:

@@ -254,6 +254,30 @@ def test_a_gpt_oss_adapter_on_cpu_is_refused_before_starting(trained):
         LocalServer(adapter_only, model, port=free_port()).start()
 
 
+VLLM_ENGINE_DEATH = """INFO 12-04 10:00:01 [api_server.py:1] Starting vLLM API server on http://127.0.0.1:8080
+ERROR 12-04 10:00:09 [core.py:1] EngineCore encountered a fatal error.
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/vllm/v1/sample/sampler.py", line 80, in forward
+RuntimeError: CPU Generator does not use offset
+ERROR 12-04 10:00:09 [async_llm.py:1] AsyncLLM output_handler failed.
+Traceback (most recent call last):
+vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace for the root cause.
+INFO 12-04 10:00:10 [launcher.py:1] Shutting down FastAPI HTTP server.
+INFO:     Application shutdown complete.
+"""
+
+
+def test_a_dead_server_is_named_by_its_first_error_not_its_shutdown_lines():
+    """vLLM's log after its engine died (as a seeded request on CPU kills it): the cause is the first exception;
+    the EngineDeadError and the shutdown lines after it are consequences (the CLI showed only those before)."""
+    from toolkit.deploy.local import cause_lines
+
+    said = cause_lines(VLLM_ENGINE_DEATH, tail=3)
+    assert said.startswith("its first error: RuntimeError: CPU Generator does not use offset")
+    assert said.endswith("Application shutdown complete.") and "Traceback" not in said
+    assert cause_lines("INFO starting\nINFO bye").startswith("its log ends:")
+
+
 def test_a_reply_that_is_not_json_is_one_line():
     from toolkit.deploy.client import json_reply
 
@@ -546,7 +570,7 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
     rest, _ = second.communicate(timeout=120)
     output = "".join(shown) + rest
     assert "ended the vLLM server (process group" in output, output
-    assert second.returncode == 1 and "the server exited with -9" in output, output
+    assert second.returncode == 1 and "the server was killed by SIGKILL" in output, output
     assert "Traceback" not in output
     assert _gone(group, within=30), "vLLM's engine outlived its API server"
     # the killed server's connection may close cleanly: the missing [DONE] event is what the client goes by

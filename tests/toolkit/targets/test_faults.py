@@ -104,6 +104,19 @@ def test_killed_at_every_moment_the_same_command_ends_with_the_uninterrupted_ada
     assert_same_adapter(root, baseline)
 
 
+def test_raising_max_steps_continues_a_finished_run_from_its_last_checkpoint(tmp_path, baseline):
+    """Where a run stops is not what makes it another run: 4 steps done, the same command with max_steps 6 trains
+    steps 5-6 from checkpoint-4 (it used to refuse as checkpoints of a different config and ask for --fresh)."""
+    root = tmp_path / "run"
+    shutil.copytree(baseline, root)
+    result = train(root, "--set", "training.max_steps=6")
+    assert result.exit_code == 0, result.output
+    log = (root / "output" / "train.log").read_text()
+    assert f"resuming from {root / 'checkpoints' / 'checkpoint-4'}" in log, log[-2000:]
+    assert json.loads((root / "model" / "run.json").read_text())["global_step"] == 6
+    assert (root / "model" / "merged" / "config.json").exists()
+
+
 def test_a_run_killed_without_a_trace_is_reported_failed_with_where_it_resumes(tmp_path):
     from toolkit import job
     from toolkit.config import load_config
@@ -117,21 +130,39 @@ def test_a_run_killed_without_a_trace_is_reported_failed_with_where_it_resumes(t
     assert "ended without an outcome" in state.detail and "resumes from checkpoint-2" in state.detail
 
 
-def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline):
+def _truncate(path: Path) -> None:
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def _overwrite_in_place(path: Path) -> None:
+    """The same size, other bytes (a bad disk block, a stray write): what a size check cannot see."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("name", "corrupt", "said"),
+    [
+        ("optimizer.pt", _truncate, "optimizer.pt has"),
+        ("trainer_state.json", _overwrite_in_place, "trainer_state.json does not hold what was written"),
+    ],
+    ids=["truncated", "same-size"],
+)
+def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline, name, corrupt, said):
     root = tmp_path / "run"
     shutil.copytree(baseline, root, symlinks=True)
     shutil.rmtree(root / "model")
-    weights = root / "checkpoints" / "checkpoint-4" / "optimizer.pt"
-    with weights.open("r+b") as handle:
-        handle.truncate(weights.stat().st_size // 2)
+    corrupt(root / "checkpoints" / "checkpoint-4" / name)
     result = train(root)
     assert result.exit_code == 0, result.output
-    assert "skipping" in result.output and "checkpoint-4: optimizer.pt has" in result.output.replace(
+    assert "skipping" in result.output and f"checkpoint-4: {said}" in result.output.replace(
         f"{root / 'checkpoints'}/", ""
     )
     assert f"resuming from {root / 'checkpoints' / 'checkpoint-2'}" in result.output
     assert_same_adapter(root, baseline)
-    assert (root / "checkpoints" / "checkpoint-4.incomplete" / "optimizer.pt").exists()  # kept for the user
+    assert (root / "checkpoints" / "checkpoint-4.incomplete" / name).exists()  # kept for the user
 
 
 def _cli(root: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
@@ -189,6 +220,44 @@ def test_a_second_run_of_the_same_name_refuses_while_the_first_runs(tmp_path):
     result = train(root)  # the lock of a run that is gone is taken over, and said so
     assert result.exit_code == 0, result.output
     assert "is gone; its lock is taken over" in result.output
+
+
+def test_the_trainer_outlives_a_killed_cli_and_checkpoints_when_stopped_from_another_shell(tmp_path):
+    """kill -9 of `toolkit train` alone (a closed terminal): the trainer used to write into the dead CLI's pipe and
+    die of EPIPE at its next line, with no checkpoint. Its output now goes through the run's relay to the log: it
+    trains on, and a stop from another shell checkpoints it; the same command then resumes from that checkpoint."""
+    from toolkit import job
+    from toolkit.config import load_config
+
+    root = tmp_path / "run"
+    long_run = ["--set", "training.max_steps=200", "--set", "training.save_steps=0"]
+    cli = _cli(root, *long_run)
+    _wait_for_log(root, "[metrics] step=1/")
+    holder = run_holder(root)
+    assert holder
+    os.kill(cli.pid, signal.SIGKILL)  # the CLI alone: the run has its own session
+    cli.wait()
+    logged = _steps_logged(root)
+    _wait_for_log(root, f"[metrics] step={logged + 3}/", timeout=120)  # three more lines written, none lost
+    assert run_holder(root) == holder  # the same processes, still training
+
+    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}", "training.max_steps=200"])
+    running = job(config, config.name)  # found again, as `toolkit jobs stop` finds it
+    running.stop()
+    deadline = time.monotonic() + 120
+    while run_holder(root) is not None:
+        assert time.monotonic() < deadline, "the stopped run did not end"
+        time.sleep(0.5)
+    state = running.status()
+    assert state.status.value == "Stopped" and "stopped with a checkpoint" in state.detail, state
+    sealed = [p.name for p in (root / "checkpoints").iterdir() if p.name.startswith("checkpoint-")]
+    assert len(sealed) == 1 and "incomplete" not in sealed[0], sealed
+    assert f"resumes from {sealed[0]}" in state.detail
+
+
+def _steps_logged(root: Path) -> int:
+    text = (root / "output" / "train.log").read_text(errors="replace")
+    return max(int(part.split("/", 1)[0]) for part in text.split("[metrics] step=")[1:])
 
 
 def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_path):

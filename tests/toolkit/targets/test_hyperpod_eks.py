@@ -394,7 +394,8 @@ def test_the_launcher_is_the_pods_pid_1_so_a_stop_reaches_the_ranks(tmp_path):
     (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
     mount = tmp_path / "configmap"  # what the code volume shows the pod
     mount.mkdir()
-    (mount / "hyperparameters.json").write_text(config_map["data"]["hyperparameters.json"])
+    for name, text in config_map["data"].items():  # the settings and the trajectory they belong to
+        (mount / name).write_text(text)
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         trainer = STOPPABLE_TRAINER.encode()

@@ -15,7 +15,7 @@ import pytest
 from toolkit.config import load_config
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import TargetError
-from toolkit.targets.jobtree import code_archive, prepare_run_dir, stage_code
+from toolkit.targets.jobtree import code_archive, prepare_run_dir, stage_code, trajectory_file
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -70,6 +70,22 @@ def test_foreign_checkpoints_refuse_and_fresh_clears(config, tmp_path):
         prepare_run_dir(other, root, fresh=False)
     prepare_run_dir(other, root, fresh=True)
     assert not (root / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("longer", [["training.max_steps=9"], ["training.save_steps=3", "training.num_epochs=3"],
+                                    ["training.logging_steps=5", "training.merge_adapter=false"]])  # fmt: skip
+def test_where_a_run_stops_is_not_what_makes_it_another_run(config, tmp_path, longer):
+    """Raising max_steps (or the save cadence, epochs, logging, the merge) over a run's checkpoints continues it;
+    a setting of its trajectory (the learning rate) refuses. The pod's guard on EKS compares the same file."""
+    root = tmp_path / "run"
+    prepare_run_dir(config, root, fresh=False)
+    (root / "checkpoints" / "checkpoint-6").mkdir(parents=True)
+    written = trajectory_file(root).read_text()
+    prepare_run_dir(load_config("tiny-gpt-oss-local", longer), root, fresh=False)  # no refusal: the same run
+    assert trajectory_file(root).read_text() == written
+    assert (root / "checkpoints" / "checkpoint-6").exists()
+    with pytest.raises(TargetError, match="checkpoints of a different config"):
+        prepare_run_dir(load_config("tiny-gpt-oss-local", [*longer, "training.learning_rate=0.001"]), root, False)
 
 
 def test_the_repository_holds_no_links():
