@@ -101,6 +101,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _refuse_busy_port(port: int) -> None:
+    """Before vLLM starts: a port another process listens on is refused (vLLM would fail to bind only after its
+    engine started, and meanwhile the other process would answer this server's readiness check)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no owner
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise DeployInputError(
+                f"port {port} (serving.local_port, or --port): another process listens there ({exc.strerror}); "
+                "stop it, or serve on another port"
+            ) from None
+
+
 def _group_alive(group: int) -> bool:
     try:
         os.killpg(group, 0)
@@ -170,20 +196,28 @@ class LocalServer:
         plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._end_stale()
+        _refuse_busy_port(self.port)
         with open(self.log, "wb") as log:  # the child keeps its own handle
             self.process = subprocess.Popen(
                 plan["command"], env={**os.environ, **plan["environment"]}, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches us, and we stop the whole server group
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
-        self.record.write_text(str(self.process.pid))
+        self.record.write_text(f"{self.process.pid} {os.getpid()}")  # its process group, and who serves it
         return self
 
     def _end_stale(self) -> None:
+        """A server this config's record names: serving for a live toolkit process -> refused (exit 2, saying how to
+        stop it); left behind by one that is gone (or by a record from before owners were written) -> ended."""
         try:
-            group = int(self.record.read_text())
+            group, *owner = (int(part) for part in self.record.read_text().split())
         except (OSError, ValueError):
             return
+        if _group_alive(group) and owner and owner[0] != os.getpid() and _process_alive(owner[0]):
+            raise DeployInputError(
+                f"a server of {self.config.name} is already running (process group {group}, served by process "
+                f"{owner[0]}; log {self.log}): stop it first (Ctrl-C where it runs, or `kill -TERM {owner[0]}`)"
+            )
         if _group_alive(group):
             self.notes.append(f"ended the vLLM server (process group {group}) an earlier run left behind")
             self._end_group(group)

@@ -479,6 +479,40 @@ def test_a_merge_with_packed_mxfp4_experts_is_served_as_mxfp4(tmp_path):
     assert "quantization=gpt_oss_mxfp4" in (tmp_path / "serve.log").read_text()
 
 
+def test_a_live_server_of_the_config_and_a_busy_port_are_refused_before_anything_starts(trained, tmp_path):
+    """A second `deploy --target local` of a config used to end the first one's live server as "left behind", and a
+    deploy on a port another process holds announced "serving" (the other process answered) and then died in
+    vLLM's bind. Both are refused now, in one line with exit 2, before vLLM starts; the live server is untouched.
+    (`sleep` processes stand in for the first server's group and the toolkit process serving it.)"""
+    import socket
+    import subprocess
+
+    _, model = trained
+    record = tmp_path / "runs" / "tiny-gpt-oss-local" / "serve.pid"
+    record.parent.mkdir(parents=True)
+    live = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    owner = subprocess.Popen(["sleep", "600"])
+    record.write_text(f"{live.pid} {owner.pid}")
+    try:
+        second = _deploy_cli(model, free_port(), tmp_path)
+        out, _ = second.communicate(timeout=300)
+        assert second.returncode == 2, out
+        assert "is already running" in out and f"kill -TERM {owner.pid}" in out and "Traceback" not in out
+        assert live.poll() is None  # never ended as "left behind"
+    finally:
+        for process in (live, owner):
+            process.kill()
+            process.wait()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        busy = _deploy_cli(model, port, tmp_path)
+        out, _ = busy.communicate(timeout=300)
+    assert busy.returncode == 2 and f"port {port}" in out and "another process listens there" in out, out
+    assert "serving" not in out.replace("serving.local_port", "") and "Traceback" not in out
+
+
 def _deploy_cli(model, port: int, cwd, *extra: str):
     import subprocess
     import sys
@@ -518,13 +552,13 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
     port = free_port()
     first = _deploy_cli(model, port, tmp_path)
     wait_for(f"http://127.0.0.1:{port}", 600)
-    group = int(record.read_text())
+    group = int(record.read_text().split()[0])  # the server's process group, then the toolkit process serving it
     first.kill()  # SIGKILL: the CLI can do nothing; the server must end by itself
     first.communicate()
     assert _gone(group, within=60), "vLLM outlived the CLI that started it"
 
     stale = subprocess.Popen(["sleep", "600"], start_new_session=True)  # stands in for a server left running
-    record.write_text(str(stale.pid))
+    record.write_text(str(stale.pid))  # no live owner: left behind
     # a context of 4096 (the tiny model's own) for a reply of ~30 s: when the API server is starved of CPU, vLLM
     # merges the outputs it has not picked up yet, and an 800-token reply once came whole with its first event
     second = _deploy_cli(model, port, tmp_path, "--set", "serving.max_model_len=4096")
@@ -535,7 +569,7 @@ def test_no_vllm_process_outlives_its_cli_a_crash_or_a_stale_record(trained, tmp
         if line.startswith("serving "):
             break
     assert stale.wait(timeout=30) is not None
-    group = int(record.read_text())
+    group = int(record.read_text().split()[0])
 
     broke: list[BaseException] = []
     flowing = threading.Event()
