@@ -40,7 +40,14 @@ EXAMPLES = {
     "hyperpod.eks_job_kind": "PyTorchJob",
     "hyperpod.python": "/opt/venv/bin/python",
     "hyperpod.exclusive": "false",
+    "training.num_epochs": "3",
+    "training.tokens_per_micro_batch": "4096",
+    "training.warmup_ratio": "0.2",
+    "serving.max_loras": "8",
+    "serving.component_memory_mb": "1000",
 }
+# A value of an open-ended deciding setting (not a Literal or bool) where a row's field does not apply.
+ELSEWHERE = {"training.max_steps": "10"}
 # What else a setting needs to validate at all where it is refused (e.g. a tracking uri needs report_to).
 NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "training.mlflow": []}
 
@@ -94,10 +101,13 @@ def _choices(on: str, annotation) -> tuple:
 
     if on == "target":
         return tuple(TARGET_SETTINGS)
-    return typing.get_args(annotation) or (True, False)
+    choices = typing.get_args(annotation) or (True, False)
+    return (*choices, None) if type(None) in choices else choices  # an optional setting: unset is a value too
 
 
 def _elsewhere(on: str, values: tuple) -> str:
+    if on in ELSEWHERE:
+        return ELSEWHERE[on]
     annotation = ({"target": Config.model_fields["target"]} | {p: f for p, f, _ in _fields(Config)})[on].annotation
     if typing.get_origin(annotation) is list:
         return "[]"
@@ -123,7 +133,7 @@ def test_every_conditional_row_is_refused_through_the_cli(path):
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert "Traceback" not in output
-    assert f"{path}: " in output and f"applies only with {scope.on}: " in output and scope.fix in output, output
+    assert f"{path}: " in output and f"applies only with {scope.on}" in output and scope.fix in output, output
     # where it applies, the same value validates
     applies = [f"{path}={EXAMPLES[path]}", f"{scope.on}={_yaml_list(scope.on, scope.values[0])}",
                *NEEDS.get(path, []), "hyperpod.cluster=c"]  # fmt: skip
@@ -134,5 +144,5 @@ def test_every_conditional_row_is_refused_through_the_cli(path):
 
 
 def _yaml_list(on: str, value) -> str:
-    text = str(value).lower() if isinstance(value, bool) else str(value)
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return f"[{text}]" if on == "training.report_to" else text

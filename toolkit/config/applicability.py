@@ -44,6 +44,29 @@ SCOPES: dict[str, Scope] = {
         "training.lr_scheduler", ("cosine_with_min_lr",), "remove it, or set training.lr_scheduler: cosine_with_min_lr"
     ),
     "training.mlflow": Scope("training.report_to", ("mlflow",), "add mlflow to training.report_to, or remove it"),
+    "training.num_epochs": Scope(
+        "training.max_steps", (None,), "remove one of them", "max_steps ends the run whatever the epochs"
+    ),
+    "training.tokens_per_micro_batch": Scope(
+        "training.packing",
+        (True,),
+        "remove it, or set training.packing: true",
+        "unpacked micro-batches hold training.per_device_batch_size rows",
+    ),
+    "training.warmup_ratio": Scope(
+        "training.lr_scheduler",
+        ("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
+        "remove it, or set training.lr_scheduler: constant_with_warmup",
+        "constant has no warmup",
+    ),
+    # -- serving: the adapter mode's own settings ---------------------------------------------------------------
+    "serving.max_loras": Scope("serving.weights", ("adapter",), "remove it, or set serving.weights: adapter"),
+    "serving.component_memory_mb": Scope(
+        "serving.weights",
+        ("adapter",),
+        "remove it, or set serving.weights: adapter",
+        "the merged model has no components",
+    ),
     "training.mlflow.tracking_uri": Scope(
         "target",
         ("local",),
@@ -137,7 +160,7 @@ def refuse_inapplicable(config: Config) -> None:
         listed = current if isinstance(current, list) else [current]
         if any(v in scope.values for v in listed):
             continue
-        where = " or ".join(f"{scope.on}: {_yaml(v)}" for v in scope.values)
+        where = " or ".join(f"{scope.on}: {_yaml(v)}" if v is not None else f"{scope.on} unset" for v in scope.values)
         why = f" ({scope.why})" if scope.why else ""
         shown = _yaml(current) if isinstance(current, bool) else brief(current)
         here = f"but {scope.on} is {shown}"
