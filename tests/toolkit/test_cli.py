@@ -81,7 +81,9 @@ def test_show_says_what_one_optimizer_step_averages_over_on_the_target():
     assert comments[0] == "# 8 GPU process(es) x 2 micro-batch(es) per optimizer step"
     assert "up to 196,608 tokens per optimizer step (12,288 per micro-batch)" in comments[1]
     assert "it would be 16 rows" in comments[1] and comments[2] == "# loss on: assistant tokens"
-    unpacked = runner.invoke(app, ["config", "show", "gpt-oss-20b-lora", "--set", "training.packing=false"])
+    # the preset's token budget does nothing unpacked: unset with it (refused otherwise: test_applicability)
+    unpacked = runner.invoke(app, ["config", "show", "gpt-oss-20b-lora", "--set", "training.packing=false",
+                                   "--set", "training.tokens_per_micro_batch=null"])  # fmt: skip
     assert "# unpacked: 2 rows per optimizer step, up to 4,096 tokens" in unpacked.stdout  # local: 1 GPU
 
 

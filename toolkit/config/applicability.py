@@ -50,7 +50,8 @@ SCOPES: dict[str, Scope] = {
     "training.tokens_per_micro_batch": Scope(
         "training.packing",
         (True,),
-        "remove it, or set training.packing: true",
+        "remove it (where a base config sets it: --set training.tokens_per_micro_batch=null), or set "
+        "training.packing: true",
         "unpacked micro-batches hold training.per_device_batch_size rows",
     ),
     "training.warmup_ratio": Scope(

@@ -10,6 +10,7 @@ from toolkit_train.settings import StrictModel, TrainSettings
 
 from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
+from toolkit.config.members import refuse_what_aws_refuses
 from toolkit.config.names import bucket_name_problem, bucket_of, region_problem
 from toolkit.config.targets import TARGET_SETTINGS, HyperPodSettings, LocalSettings, TargetSettings, TrainingJobSettings
 from toolkit.errors import brief
@@ -382,6 +383,11 @@ class Config(TrainSettings):
                 f"{serving.tensor_parallel_size} GPU(s), with too little left for the KV cache: choose a larger "
                 "serving.instance_type (e.g. ml.g6e.12xlarge for 20b, ml.p5.48xlarge for 120b)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _values_aws_takes(self) -> Config:
+        refuse_what_aws_refuses(self)  # the one table from setting to request member (toolkit.config.members)
         return self
 
     @model_validator(mode="after")

@@ -1,0 +1,114 @@
+"""Values that reach AWS are checked by the rule of the request member they land in (toolkit.config.members):
+every row names a real member of botocore's service model, every field of the AWS-bound sections has a row (or says
+where it is checked instead), every default passes, and a value each rule refuses is refused by the config check
+with the field named, in one line, exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from toolkit.config import ConfigError, load_config
+from toolkit.config.applicability import default_at
+from toolkit.config.members import CHECKED_ELSEWHERE, MEMBERS, member_problem, member_shape
+from toolkit.config.models import Config
+
+# A value the member's rule refuses, per row (a new row without one fails here).
+REFUSED = {
+    "aws.role": "arn:aws:iam::123:role/x",  # 3 digits where the account has 12
+    "aws.prefix": "team//runs",
+    "training_job.instance_count": None,  # botocore's model allows 0 (min 0); the schema refuses it (ge=1)
+    "training_job.volume_size_gb": "-1",
+    "training_job.max_run_seconds": str(29 * 24 * 3600),
+    "training_job.max_wait_seconds": None,  # its schema refuses first (>= max_run_seconds): the rule is min 1
+    "training_job.kms_key_id": "'key id with spaces'",
+    "training_job.subnets": "[subnet_1]",
+    "training_job.security_group_ids": "[sg_1]",
+    "training_job.image_uri": "x" * 300,
+    "training_job.hf_token_secret": None,  # any text is a valid environment value
+    "training_job.tags": "{aws:owner: me}",
+    "serving.endpoint_name": "ends-with-hyphen-",
+    "serving.image_uri": "x" * 300,
+    "serving.model_data": None,  # its schema refuses first (an s3:// URI)
+    "serving.instance_count": "0",
+    "serving.volume_size_gb": "513",
+    "serving.startup_timeout_seconds": None,  # its schema (60-3600) refuses first: the same bounds
+    "serving.download_timeout_seconds": None,
+    "serving.inference_ami_version": None,  # a Literal of the enum's values
+    "serving.routing": None,
+    "serving.rollback_alarms": "['   ']",
+    "serving.component_memory_mb": "64",
+    "serving.repository": "Team_Images",
+    "hyperpod.image_repository": "-images",
+}
+NEEDS = {  # what else a value needs to be checked at all (its section's other settings)
+    "training_job.subnets": ["training_job.security_group_ids=[sg-1]"],
+    "training_job.security_group_ids": ["training_job.subnets=[subnet-1]"],
+    "serving.component_memory_mb": ["serving.weights=adapter"],
+    "serving.volume_size_gb": ["serving.instance_type=ml.g5.2xlarge"],
+    "aws.role": [],
+}
+
+
+def _sections(*names: str) -> list[str]:
+    paths = []
+    for name in names:
+        model = Config.model_fields[name].annotation
+        paths += [f"{name}.{field}" for field in model.model_fields]  # type: ignore[union-attr]
+    return paths
+
+
+def test_every_row_is_a_real_member_of_botocores_model_and_a_real_field():
+    for path, member in MEMBERS.items():
+        default_at(path)  # KeyError for a field the schema does not have
+        member_shape(member)  # KeyError for a member the service model does not have
+
+
+def test_every_field_of_the_aws_bound_sections_has_a_row_or_says_where_it_is_checked():
+    missing = [
+        p for p in _sections("aws", "training_job", "serving") if p not in MEMBERS and p not in CHECKED_ELSEWHERE
+    ]
+    assert not missing, f"add to toolkit.config.members.MEMBERS (or CHECKED_ELSEWHERE, saying where): {missing}"
+    assert not set(MEMBERS) & set(CHECKED_ELSEWHERE)
+
+
+@pytest.mark.parametrize("path", sorted(MEMBERS))
+def test_every_default_is_what_aws_takes(path):
+    default = default_at(path)
+    if default not in (None, [], {}):  # unset or empty: not sent
+        assert member_problem(path, MEMBERS[path], default) is None
+
+
+@pytest.mark.parametrize("path", sorted(p for p, v in REFUSED.items() if v is not None))
+def test_a_value_the_member_refuses_is_refused_with_the_field_named(path):
+    overrides = [f"{path}={REFUSED[path]}", *NEEDS.get(path, [])]
+    with pytest.raises(ConfigError) as refused:
+        load_config("tiny-gpt-oss-local", overrides)
+    # named by this table's check (with the request member), or by the schema's own bound where it has one
+    assert path in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("path", sorted(p for p, v in REFUSED.items() if v is not None))
+def test_each_rule_refuses_its_value_by_itself(path):
+    """The member's own rule (botocore's shape, or the documented rule beside it) bites, also where the schema has
+    a bound of its own that refuses the value first."""
+    import yaml
+
+    assert member_problem(path, MEMBERS[path], yaml.safe_load(REFUSED[path])) is not None
+
+
+def test_every_row_has_a_refused_value_or_says_why_not():
+    assert set(REFUSED) == set(MEMBERS)
+
+
+def test_refused_through_the_cli_in_one_line_with_exit_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local", "--set",
+         "training_job.tags={team: 'a|b'}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output
+    assert "training_job.tags: 'a|b' does not match AWS's pattern" in output and "CreateTrainingJob Tags" in output

@@ -1,0 +1,222 @@
+"""Where each setting lands in an AWS request, and AWS's rule for it: one table, one check.
+
+`MEMBERS` maps a config field to the request member it becomes (service, operation, member path in botocore's
+service model; `[]` steps into a list's items). `refuse_what_aws_refuses` checks each set value against that
+member's shape in botocore's own model (pattern, length, count, range, enum), as the service validates it, plus the
+documented rules botocore does not carry (`Member.also`, each citing its source). A value equal to the field's
+default is not checked (defaults are tested once, in tests/toolkit/test_members.py), so a config that sets nothing
+AWS-bound loads no service model.
+
+Without botocore (the config checked without the aws extra) nothing here runs: such a config reaches no AWS request
+from this machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolkit.errors import brief
+
+if TYPE_CHECKING:
+    from toolkit.config.models import Config
+
+MAX_RUNTIME_SECONDS = 28 * 24 * 3600  # API_StoppingCondition: "The maximum value is 2,419,200 seconds (28 days)"
+
+
+def _no_aws_prefix(tags: list[dict[str, str]]) -> str | None:
+    """Tag keys may not start with aws: (reserved: docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html)"""
+    reserved = [t["Key"] for t in tags if t["Key"].lower().startswith("aws:")]
+    return f"tag key {reserved[0]!r} starts with 'aws:', which AWS reserves for its own tags" if reserved else None
+
+
+# S3's safe characters for object keys (docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html): a prefix of
+# other characters, or with empty path segments, makes keys that tools and the console treat inconsistently
+_S3_SAFE_PREFIX = re.compile(r"[0-9A-Za-z!_.*'()-]+(/[0-9A-Za-z!_.*'()-]+)*")
+
+
+def _clean_key_prefix(uri: str) -> str | None:
+    prefix = uri.removeprefix(f"s3://{_BUCKET}/").removesuffix(f"/{_KEY}")
+    if not _S3_SAFE_PREFIX.fullmatch(prefix):
+        return (f"{prefix!r} is not a clean S3 key prefix: segments of letters, digits and !_.*'()- joined by single "
+                "'/', none empty, no leading or trailing '/'")  # fmt: skip
+    return None
+
+
+_BUCKET, _KEY = "bucket", "name/output"  # stand-ins around a prefix, as the requests use it
+
+
+def _within_28_days(seconds: int) -> str | None:
+    if seconds > MAX_RUNTIME_SECONDS:
+        return f"{seconds} is above the longest run SageMaker allows, {MAX_RUNTIME_SECONDS} s (28 days)"
+    return None
+
+
+@dataclass(frozen=True)
+class Member:
+    service: str  # botocore's service name
+    operation: str
+    path: str  # the member in the operation's input: dotted, `[]` steps into a list's items
+    to_request: Callable[[Any], Any] | None = None  # the value as the request carries it (default: as it is)
+    also: Callable[[Any], str | None] | None = None  # a documented rule botocore's model does not carry
+
+
+_TRAIN, _ENDPOINT_CONFIG = ("sagemaker", "CreateTrainingJob"), ("sagemaker", "CreateEndpointConfig")
+_VARIANT = "ProductionVariants[]."
+
+MEMBERS: dict[str, Member] = {
+    "aws.role": Member(*_TRAIN, "RoleArn"),
+    "training_job.instance_count": Member(*_TRAIN, "ResourceConfig.InstanceCount"),
+    "training_job.volume_size_gb": Member(*_TRAIN, "ResourceConfig.VolumeSizeInGB"),
+    "training_job.max_run_seconds": Member(*_TRAIN, "StoppingCondition.MaxRuntimeInSeconds", also=_within_28_days),
+    "training_job.max_wait_seconds": Member(*_TRAIN, "StoppingCondition.MaxWaitTimeInSeconds"),
+    "training_job.kms_key_id": Member(*_TRAIN, "OutputDataConfig.KmsKeyId"),
+    "training_job.subnets": Member(*_TRAIN, "VpcConfig.Subnets"),
+    "training_job.security_group_ids": Member(*_TRAIN, "VpcConfig.SecurityGroupIds"),
+    "training_job.image_uri": Member(*_TRAIN, "AlgorithmSpecification.TrainingImage"),
+    "training_job.hf_token_secret": Member(*_TRAIN, "Environment", lambda name: {"TOOLKIT_HF_TOKEN_SECRET": name}),
+    "training_job.tags": Member(
+        *_TRAIN, "Tags", lambda tags: [{"Key": k, "Value": v} for k, v in tags.items()], also=_no_aws_prefix
+    ),
+    "serving.endpoint_name": Member("sagemaker", "CreateEndpoint", "EndpointName"),
+    "serving.image_uri": Member("sagemaker", "CreateModel", "PrimaryContainer.Image"),
+    "serving.model_data": Member("sagemaker", "CreateModel", "PrimaryContainer.ModelDataSource.S3DataSource.S3Uri"),
+    "serving.instance_count": Member(*_ENDPOINT_CONFIG, _VARIANT + "InitialInstanceCount"),
+    "serving.volume_size_gb": Member(*_ENDPOINT_CONFIG, _VARIANT + "VolumeSizeInGB"),
+    "serving.startup_timeout_seconds": Member(
+        *_ENDPOINT_CONFIG, _VARIANT + "ContainerStartupHealthCheckTimeoutInSeconds"
+    ),
+    "serving.download_timeout_seconds": Member(*_ENDPOINT_CONFIG, _VARIANT + "ModelDataDownloadTimeoutInSeconds"),
+    "serving.inference_ami_version": Member(*_ENDPOINT_CONFIG, _VARIANT + "InferenceAmiVersion"),
+    "serving.routing": Member(*_ENDPOINT_CONFIG, _VARIANT + "RoutingConfig.RoutingStrategy"),
+    "serving.rollback_alarms": Member(
+        "sagemaker",
+        "UpdateEndpoint",
+        "DeploymentConfig.AutoRollbackConfiguration.Alarms",
+        lambda alarms: [{"AlarmName": alarm} for alarm in alarms],
+    ),
+    "serving.component_memory_mb": Member(
+        "sagemaker", "CreateInferenceComponent", "Specification.ComputeResourceRequirements.MinMemoryRequiredInMb"
+    ),
+    "aws.prefix": Member(
+        *_TRAIN, "OutputDataConfig.S3OutputPath", lambda prefix: f"s3://{_BUCKET}/{prefix}/{_KEY}", _clean_key_prefix
+    ),
+    "serving.repository": Member("ecr", "CreateRepository", "repositoryName"),
+    "hyperpod.image_repository": Member("ecr", "CreateRepository", "repositoryName"),
+}
+
+
+# The fields of the AWS-bound sections that are no request member of their own, and where they are checked instead
+# (tests/toolkit/test_members.py: every field of aws, training_job and serving is in MEMBERS or here).
+CHECKED_ELSEWHERE: dict[str, str] = {
+    "aws.region": "names.region_problem: botocore's own partition data",
+    "aws.bucket": "names.bucket_name_problem: S3's bucket naming rules",
+    "aws.data_buckets": "names.bucket_name_problem",
+    "aws.endpoint_url": "where requests go, not in one",
+    "aws.registry_url": "where images are pushed, not in a request",
+    "training_job.instance_type": "the instance table (toolkit.config.instances): SageMaker's training types",
+    "training_job.spot": "a boolean (EnableManagedSpotTraining)",
+    "serving.instance_type": "the instance table (toolkit.config.instances): SageMaker's hosting types",
+    "serving.base_image": "the serving image build's base, not in a request",
+    "serving.weights": "the endpoint's layout (a model, or a base and adapter components), no member",
+    "serving.autoscaling": "application-autoscaling capacities: integers without limits in its model, ordered here",
+    "serving.tensor_parallel_size": "a vLLM flag in the container environment, checked against the instance's GPUs",
+    "serving.max_model_len": "a vLLM flag in the container environment, checked against the model's context",
+    "serving.gpu_memory_utilization": "a vLLM flag in the container environment (0-1 in the schema)",
+    "serving.max_num_seqs": "a vLLM flag in the container environment",
+    "serving.vllm_args": "vLLM flags in the container environment (SM_VLLM_*), vLLM's own arguments",
+    "serving.max_loras": "a vLLM flag in the container environment",
+    "serving.local_port": "this machine only",
+    "serving.local_python": "this machine only",
+}
+
+
+@functools.cache
+def _service(name: str) -> Any:
+    import botocore.session
+
+    return botocore.session.get_session().get_service_model(name)
+
+
+def member_shape(member: Member) -> Any:
+    """The botocore shape of the member (KeyError naming the step when the path is not in the model)."""
+    shape = _service(member.service).operation_model(member.operation).input_shape
+    for step in member.path.split("."):
+        shape = shape.members[step.removesuffix("[]")]
+        if step.endswith("[]"):
+            shape = shape.member
+    return shape
+
+
+# botocore writes Java's Unicode classes, which Python's re lacks. Letters become word characters: that adds digits and
+# `_`, which every pattern of these members that allows letters allows too (Tag keys and values), so nothing AWS
+# accepts is refused; separators become whitespace, numbers digits.
+_UNICODE_CLASSES = {r"\p{L}": r"\w", r"\p{Z}": r"\s", r"\p{N}": r"\d"}
+
+
+@functools.cache
+def _pattern(pattern: str) -> re.Pattern[str]:
+    for java, python in _UNICODE_CLASSES.items():
+        pattern = pattern.replace(java, python)
+    return re.compile(pattern)
+
+
+def shape_problem(shape: Any, value: Any) -> str | None:
+    """What the service would refuse in this value of this shape; None when it takes it."""
+    meta, kind = shape.metadata, shape.type_name
+    if kind == "list":
+        if not meta.get("min", 0) <= len(value) <= meta.get("max", len(value)):
+            return f"{len(value)} entries, where AWS takes {meta.get('min', 0)} to {meta.get('max')}"
+        return next((p for p in (shape_problem(shape.member, item) for item in value) if p), None)
+    if kind == "map":
+        if len(value) > meta.get("max", len(value)):
+            return f"{len(value)} entries, where AWS takes at most {meta['max']}"
+        for key, item in value.items():
+            problem = shape_problem(shape.key, key) or shape_problem(shape.value, item)
+            if problem:
+                return problem
+        return None
+    if kind == "structure":
+        return next((p for name, item in value.items() if (p := shape_problem(shape.members[name], item))), None)
+    if kind == "string":
+        text = str(value)
+        if shape.enum and text not in shape.enum:
+            return f"{brief(text)} is not one of {', '.join(shape.enum)}"
+        if not meta.get("min", 0) <= len(text) <= meta.get("max", len(text)):
+            return (
+                f"{brief(text)} has {len(text)} characters, where AWS takes {meta.get('min', 0)} to {meta.get('max')}"
+            )
+        if "pattern" in meta and not _pattern(meta["pattern"]).fullmatch(text):
+            return f"{brief(text)} does not match AWS's pattern {meta['pattern']}"
+        return None
+    if kind in ("integer", "long") and not meta.get("min", value) <= value <= meta.get("max", value):
+        return f"{value} is outside AWS's range {meta.get('min', '-')} to {meta.get('max', '-')}"
+    return None
+
+
+def member_problem(path: str, member: Member, value: Any) -> str | None:
+    sent = member.to_request(value) if member.to_request else value
+    problem = shape_problem(member_shape(member), sent) or (member.also(sent) if member.also else None)
+    if problem is None:
+        return None
+    return f"{path}: {problem} ({member.operation} {member.path}); give a value AWS accepts"
+
+
+def refuse_what_aws_refuses(config: Config) -> None:
+    """ValueError naming the first set value its request member refuses."""
+    from toolkit.config.applicability import default_at, value_at
+
+    try:
+        import botocore  # noqa: F401
+    except ImportError:
+        return
+    for path, member in MEMBERS.items():
+        value = value_at(config, path)
+        if value is None or value == default_at(path) or value in ([], {}):  # unset, or nothing sent
+            continue
+        problem = member_problem(path, member, value)
+        if problem:
+            raise ValueError(problem)
