@@ -100,6 +100,25 @@ def _version(arn: str) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
+# API_ModelPackageContainerDefinition, Environment: "We support up to 16 entries in the map" (botocore's model says
+# 100, which is CreateModel's limit; the package's is the documented one)
+PACKAGE_ENVIRONMENT_ENTRIES = 16
+
+
+def package_environment(config: Config) -> dict[str, str]:
+    """The serving settings a model package carries; DeployInputError when they are more than a package holds."""
+    environment = vllm_environment(config)
+    if len(environment) > PACKAGE_ENVIRONMENT_ENTRIES:
+        own = len(environment) - len(config.serving.vllm_args)
+        raise DeployInputError(
+            f"serving.vllm_args: a model package holds at most {PACKAGE_ENVIRONMENT_ENTRIES} environment entries "
+            f"and this config's serving settings make {len(environment)} ({own} of the toolkit's, "
+            f"{len(config.serving.vllm_args)} from serving.vllm_args): keep at most "
+            f"{PACKAGE_ENVIRONMENT_ENTRIES - own} vllm_args to register it, or deploy without the registry"
+        )
+    return environment
+
+
 def register(
     config: Config,
     image_uri: str,
@@ -109,6 +128,7 @@ def register(
     sagemaker: Any = None,
     s3: Any = None,
 ) -> Registration:
+    environment = package_environment(config)  # before any call: a package AWS would refuse is never begun
     sagemaker = sagemaker or aws.client(config.aws, "sagemaker")
     job = _latest_job(config, sagemaker, job_name)
     path = Path(report_path) if report_path else eval_dir(config) / REPORT_FILE
@@ -158,7 +178,7 @@ def register(
             "Containers": [
                 {
                     "Image": image_uri,
-                    "Environment": vllm_environment(config),
+                    "Environment": environment,
                     **model_data_fields(aws.model_artifacts(job)["model"]),
                 }
             ],

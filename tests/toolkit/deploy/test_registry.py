@@ -42,3 +42,16 @@ def test_register_without_a_completed_job_says_what_to_do(aws_env, tmp_path):
     assert result.exit_code == 2 and "no completed training job of tiny-gpt-oss-local" in result.output
     with pytest.raises(DeployError):
         sdk.register(config(aws_env), job_name=None, image_uri=IMAGE)
+
+
+def test_a_package_with_more_environment_entries_than_aws_holds_is_refused_before_any_call(aws_env):
+    """A model package's container takes 16 environment entries (AWS's API reference; botocore's model says 100,
+    CreateModel's limit): serving settings that make more are refused, naming the field, and nothing is created."""
+    completed_training_job(aws_env, "tiny-gpt-oss-local-20261130120000")
+    flags = {f"flag-{n}": n for n in range(12)}
+    base = config(aws_env)
+    cfg = base.model_copy(update={"serving": base.serving.model_copy(update={"vllm_args": flags})})
+    with pytest.raises(DeployError, match=r"serving.vllm_args: a model package holds at most 16 environment entries"):
+        sdk.register(cfg, image_uri=IMAGE)
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    assert sagemaker.list_model_package_groups()["ModelPackageGroupSummaryList"] == []
