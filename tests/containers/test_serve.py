@@ -89,6 +89,21 @@ def test_an_expert_rank_above_r_sets_the_served_rank(tmp_path):
     assert argv[argv.index("--max-lora-rank") + 1] == "32"
 
 
+def test_an_adapter_deploy_serves_the_base_at_the_trained_revision():
+    """weights: adapter downloads model.id from the hub at every start: at model.revision when set (vLLM --revision),
+    so a later push to the hub's main does not change the base under a served adapter."""
+    from toolkit.config import load_config
+    from toolkit.deploy import vllm_environment
+
+    pinned = load_config("tiny-gpt-oss-local", ["serving.weights=adapter", "model.revision=abc123"])
+    env = vllm_environment(pinned)
+    assert env["SM_VLLM_REVISION"] == "abc123" and "SM_VLLM_REVISION" not in vllm_environment(
+        load_config("tiny-gpt-oss-local", ["serving.weights=adapter"])
+    )
+    argv = serve.command({"SM_MODEL_DIR": "/nonexistent", **env})
+    assert argv[argv.index("--revision") + 1] == "abc123"
+
+
 def test_a_base_component_serves_lora_at_the_rank_it_is_given_and_loads_adapters_at_run_time(tmp_path):
     argv = serve.command({"SM_MODEL_DIR": str(tmp_path), "SM_VLLM_BASE_MODEL": "org/dense-model",
                           "TOOLKIT_LORA_RANK": "24", "SM_VLLM_MAX_LORAS": "4"})  # fmt: skip

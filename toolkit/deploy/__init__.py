@@ -39,6 +39,8 @@ def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
         env["SM_VLLM_GPU_MEMORY_UTILIZATION"] = str(serving.gpu_memory_utilization)
     if serving.weights == "adapter":
         env["SM_VLLM_BASE_MODEL"] = config.model.id
+        if config.model.revision:  # the base the adapter was trained on, not whatever the hub's main is today
+            env["SM_VLLM_REVISION"] = config.model.revision
         env["SM_VLLM_ADAPTER_NAME"] = ADAPTER_NAME
         env["SM_VLLM_MAX_LORAS"] = str(serving.max_loras)
         env["TOOLKIT_LORA_RANK"] = str(config.lora.max_rank)  # serve.py rounds it up to a --max-lora-rank vLLM allows
