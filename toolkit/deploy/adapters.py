@@ -19,10 +19,10 @@ the adapter directory of the training output is packed once into `{prefix}/adapt
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import re
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +35,7 @@ from toolkit.deploy.endpoint import VARIANT, Endpoints, EndpointState, Request, 
 
 COMPONENT_BUSY = {"Creating", "Updating", "Deleting"}
 ARCHIVE = "adapter.tar.gz"
+MULTIPART_BYTES = 64 * 1024 * 1024  # the archive's upload goes in parts of this size above it (S3: 5 MiB-5 GiB each)
 
 
 def endpoint_name(config: Config) -> str:
@@ -314,20 +315,25 @@ class AdapterEndpoints(Endpoints):
         """The adapter directory under `source` (s3://...) as one tar.gz, its files at the archive's root."""
         source_bucket, _, prefix = source[len("s3://") :].partition("/")
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=source_bucket, Prefix=prefix)
-        keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
-        if not any(k.endswith("/adapter_config.json") or k == f"{prefix}adapter_config.json" for k in keys):
+        sizes = {item["Key"]: item["Size"] for page in pages for item in page.get("Contents", [])}
+        if not any(k.endswith("/adapter_config.json") or k == f"{prefix}adapter_config.json" for k in sizes):
             raise DeployInputError(
                 f"no adapter_config.json under {source}: the training output holds no adapter (was it trained "
                 "with LoRA?); pass --model-data with the adapter's S3 prefix"
             )
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for object_key in keys:
-                data = self.s3.get_object(Bucket=source_bucket, Key=object_key)["Body"].read()
-                info = tarfile.TarInfo(object_key[len(prefix) :])
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-        self.s3.put_object(Bucket=bucket, Key=key, Body=buffer.getvalue(), Metadata={"source": source})
+        from boto3.s3.transfer import TransferConfig
+
+        # each file streamed into an archive on disk, which goes up in parts: a 120b expert adapter's archive passes
+        # one PutObject's 5 GB and would not fit in memory either
+        with tempfile.TemporaryFile() as spooled:
+            with tarfile.open(fileobj=spooled, mode="w:gz") as archive:
+                for object_key, size in sizes.items():
+                    info = tarfile.TarInfo(object_key[len(prefix) :])
+                    info.size = size
+                    archive.addfile(info, self.s3.get_object(Bucket=source_bucket, Key=object_key)["Body"])
+            spooled.seek(0)
+            parts = TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
+            self.s3.upload_fileobj(spooled, bucket, key, ExtraArgs={"Metadata": {"source": source}}, Config=parts)
 
     def _wait_component(self, request: Request, report: Callable[[str], None], poll_seconds: float) -> None:
         name = request.params["InferenceComponentName"]

@@ -225,3 +225,35 @@ def test_every_rolling_batch_is_within_aws_rule_and_the_smallest_it_admits():
         assert within_rolling_rule(rolling_batch(copies), copies), copies
     assert rolling_batch(2) == {"Type": "COPY_COUNT", "Value": 1}  # one copy at a time where the rule allows it
     assert rolling_batch(40) == {"Type": "COPY_COUNT", "Value": 2}  # 1 of 40 is below 5%
+
+
+def test_an_adapter_archive_over_the_part_size_goes_up_in_parts(aws_env, components, tiny_llama, tmp_path, monkeypatch):
+    """The adapter archive is streamed through a file on disk and uploaded in parts (S3 multipart, as moto keeps
+    it): a 120b expert adapter's archive passes a single PutObject's 5 GB. Here the part size is lowered to S3's
+    smallest (5 MiB) and the adapter carries 12 MiB of incompressible bytes, so the upload takes three parts."""
+    import io
+    import tarfile
+
+    from toolkit.deploy import adapters as adapters_module
+
+    monkeypatch.setattr(adapters_module, "MULTIPART_BYTES", 5 * 1024 * 1024)
+    base, adapters = tiny_llama
+    big = tmp_path / "adapter"
+    big.mkdir()
+    for path in adapters["sales-bot"][0].iterdir():
+        (big / path.name).write_bytes(path.read_bytes())
+    (big / "extra.bin").write_bytes(os.urandom(12 * 1024 * 1024))
+    cfg = adapter_config(aws_env, base, "sales-bot", 8)
+    state = sdk.deploy(cfg, IMAGE, upload_training_output(big, aws_env["bucket"], "big-1"), poll_seconds=0)
+    assert "put_object" in state.actions
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=aws_env["endpoint"])
+    key = next(
+        o["Key"] for o in s3.list_objects_v2(Bucket=aws_env["bucket"])["Contents"] if o["Key"].endswith(".tar.gz")
+    )
+    head = s3.head_object(Bucket=aws_env["bucket"], Key=key)
+    assert head["ETag"].strip('"').endswith("-3"), head["ETag"]  # S3's multipart ETag: <digest>-<parts>
+    assert head["Metadata"]["source"].endswith("/big-1/output/model/adapter/")
+    data = s3.get_object(Bucket=aws_env["bucket"], Key=key)["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        members = {m.name: m.size for m in archive.getmembers()}
+    assert members["extra.bin"] == 12 * 1024 * 1024 and "adapter_config.json" in members
