@@ -77,25 +77,40 @@ def shipped_prices() -> dict[str, Any]:
     return json.loads(PRICE_FILE.read_text())
 
 
+# The Price List API's usage type of each kind of use, `<region code>-<kind>:<instance type>`: training jobs bill
+# under `Train`; HyperPod bills its cluster instances under a kind of its own, looked up as `Cluster`, and the
+# shipped file has no HyperPod prices: without a match the plan shows no price and asks for --price, never the
+# training rate under another name.
+PRICE_USAGE = {"training-job": "Train", "hyperpod": "Cluster"}
+
+
 def price(
-    settings: AwsSettings, instance_type: str, overrides: dict[str, float] | None = None, online: bool = True
+    settings: AwsSettings,
+    instance_type: str,
+    overrides: dict[str, float] | None = None,
+    online: bool = True,
+    target: str = "training-job",
 ) -> Price:
-    """On-demand USD per instance-hour of a training instance: --price, else the cache, else the Price List API
-    (when online), else the shipped file."""
+    """On-demand USD per instance-hour of an instance as `target` bills it: --price, else the cache, else the Price
+    List API (when online), else the shipped file (training jobs only)."""
     overrides = overrides or {}
     if instance_type in overrides or "*" in overrides:
         return Price(overrides.get(instance_type, overrides.get("*")), "--price")
-    key = f"{settings.region}/{instance_type}"
+    usage = PRICE_USAGE[target]
+    key = f"{settings.region}/{instance_type}" + ("" if usage == "Train" else f"/{usage}")
     cache = _read_cache()
     cached = cache.get(key)
     if cached and time.time() - cached["at"] < PRICE_CACHE_SECONDS:
         return Price(cached["usd"], f"AWS Price List API ({settings.region}, cached {_age(cached['at'])})")
     if online and settings.region not in _unreachable:
-        fetched = _price_list(settings, instance_type)
+        fetched = _price_list(settings, instance_type, usage)
         if fetched is not None:
             cache[key] = {"usd": fetched, "at": time.time()}
             _write_cache(cache)
             return Price(fetched, f"AWS Price List API ({settings.region})")
+    if usage != "Train":
+        why = "it bills apart from training jobs and no price is shipped for it" + ("" if online else "; offline")
+        return Price(None, f"no {target} price for {instance_type} ({why}): pass --price {instance_type}=USD")
     shipped = shipped_prices()
     usd = shipped["training"].get(instance_type)
     if usd is None:
@@ -144,8 +159,8 @@ def price_list_request(region: str, instance_type: str) -> dict[str, Any]:
     }
 
 
-def _price_list(settings: AwsSettings, instance_type: str) -> float | None:
-    """The on-demand training price from the Price List API: the product whose usage type is `...Train:TYPE`."""
+def _price_list(settings: AwsSettings, instance_type: str, usage: str = "Train") -> float | None:
+    """The on-demand price from the Price List API: the product whose usage type is `...<usage>:TYPE`."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -158,15 +173,15 @@ def _price_list(settings: AwsSettings, instance_type: str) -> float | None:
             _unreachable.add(settings.region)
         return None
     for product in products:
-        usage = product.get("product", {}).get("attributes", {}).get("usagetype", "")
-        if not usage.endswith(f"Train:{instance_type}"):
+        kind = product.get("product", {}).get("attributes", {}).get("usagetype", "")
+        if not kind.endswith(f"{usage}:{instance_type}"):
             continue  # hosting, notebooks, processing, spot, ...
         for term in product.get("terms", {}).get("OnDemand", {}).values():
             for dimension in term.get("priceDimensions", {}).values():
                 usd = float(dimension.get("pricePerUnit", {}).get("USD", 0))
                 if usd > 0:
                     return usd
-    log.info("the Price List API lists no on-demand training price for %s in %s", instance_type, settings.region)
+    log.info("the Price List API lists no on-demand %s price for %s in %s", usage, instance_type, settings.region)
     return None
 
 

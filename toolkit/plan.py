@@ -251,7 +251,7 @@ def plan(
         count, count_source = run_tokens(cfg, gpus, epoch_tokens)
         rate, basis, rate_detail = throughput(cfg, instance_type, gpus) if fits != "no" else (None, "none", "")
         hours = count / rate / 3600 if count and rate else None
-        cost = limits.price(cfg.aws, instance_type, prices, online)
+        cost = limits.price(cfg.aws, instance_type, prices, online, target)
         usd = cost.usd_per_hour * nodes if cost.usd_per_hour is not None else None
         spot = None
         if target == "training-job" and usd is not None and hours is not None:

@@ -57,7 +57,9 @@ def test_plan_prints_the_table_offline_for_every_preset(preset, monkeypatch):
     shipped = limits.shipped_prices()["training"]
     for c in planned["candidates"]:
         assert c["quota_detail"] == "not checked (--offline)"
-        if c["instance_type"] in shipped:
+        if c["target"] == "hyperpod":  # billed under HyperPod's own usage type: no training rate passed off as it
+            assert c["usd_per_hour"] is None and f"pass --price {c['instance_type']}=USD" in c["price_source"]
+        elif c["instance_type"] in shipped:
             assert c["usd_per_hour"] == pytest.approx(shipped[c["instance_type"]] * c["nodes"])
             assert c["price_source"].startswith("shipped price file")
         if c["tokens_per_s"] is not None:  # a figure always says how it was reached and from which file
