@@ -204,8 +204,10 @@ def build_flags(base_image: str | None) -> list[str]:
     if base_image:
         flags += ["--build-arg", f"BASE_IMAGE={base_image}"]
     buildx = subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0
-    # buildx with the containerd image store writes OCI media types unless told otherwise
-    docker_types = ["--provenance=false", "--sbom=false", "--output", "type=image,oci-mediatypes=false"]
+    # buildx with the containerd image store writes OCI media types unless told otherwise; and the image must land
+    # in the engine's store that `docker push` reads: `type=docker` (what --load means) loads it there from any
+    # builder, where `type=image` left it inside a non-default (docker-container) builder's own cache
+    docker_types = ["--provenance=false", "--sbom=false", "--output", "type=docker,oci-mediatypes=false"]
     return [*flags, *docker_types] if buildx else flags
 
 

@@ -137,6 +137,24 @@ def dockerfile_pins() -> dict[str, str]:
     return dict(line[len("ARG ") :].split("=", 1) for line in lines if line.startswith("ARG ") and "=" in line)
 
 
+def test_where_buildx_builds_the_image_is_loaded_into_the_engine_docker_pushes_from(monkeypatch):
+    """buildx with a non-default (docker-container) builder keeps a `type=image` result in the builder's cache, where
+    `docker push` never finds it; `type=docker` loads it into the engine from any builder, with Docker v2 media
+    types. This machine's docker has no buildx: its answer to `docker buildx version` is stood in for here."""
+    import subprocess as real
+
+    from toolkit.deploy import image
+
+    def buildx_present(argv, **kwargs):
+        assert argv == ["docker", "buildx", "version"]
+        return real.CompletedProcess(argv, 0, b"github.com/docker/buildx v0.17.1", b"")
+
+    monkeypatch.setattr(image.subprocess, "run", buildx_present)
+    flags = image.build_flags(None)
+    assert flags[flags.index("--output") + 1] == "type=docker,oci-mediatypes=false"
+    assert "--provenance=false" in flags and "--sbom=false" in flags
+
+
 def test_the_tag_follows_the_content_and_the_base(tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM base\n")
     first = context_tag(tmp_path, "base:1")
