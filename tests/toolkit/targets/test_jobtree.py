@@ -72,8 +72,14 @@ def test_foreign_checkpoints_refuse_and_fresh_clears(config, tmp_path):
     assert not (root / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("longer", [["training.max_steps=9"], ["training.save_steps=3", "training.max_steps=null", "training.num_epochs=3"],
-                                    ["training.logging_steps=5", "training.merge_adapter=false"]])  # fmt: skip
+LONGER = [
+    ["training.max_steps=9"],
+    ["training.save_steps=3", "training.max_steps=null", "training.num_epochs=3"],
+    ["training.logging_steps=5", "training.merge_adapter=false"],
+]
+
+
+@pytest.mark.parametrize("longer", LONGER)
 def test_where_a_run_stops_is_not_what_makes_it_another_run(config, tmp_path, longer):
     """Raising max_steps (or the save cadence, epochs, logging, the merge) over a run's checkpoints continues it;
     a setting of its trajectory (the learning rate) refuses. The pod's guard on EKS compares the same file."""
