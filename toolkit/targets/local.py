@@ -10,6 +10,7 @@ Running the same config again resumes from its newest complete checkpoint, exact
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -25,7 +26,17 @@ from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
 from toolkit.config import Config
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets import relay
-from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, complete_lines, tail
+from toolkit.targets.base import (
+    Artifacts,
+    Job,
+    JobState,
+    Status,
+    Target,
+    TargetError,
+    TargetFailed,
+    complete_lines,
+    tail,
+)
 from toolkit.targets.jobtree import (
     RunBusy,
     completed_run,
@@ -192,8 +203,13 @@ class LocalTarget(Target):
             lock = take_run_lock(root)
         except RunBusy as busy:
             raise TargetError(_busy(config, root, busy.owner)) from None
+        except OSError as exc:
+            raise _unwritable(root, exc) from None
         try:
-            self._lay_out(config, root, fresh)
+            try:
+                self._lay_out(config, root, fresh)
+            except OSError as exc:
+                raise _unwritable(root, exc) from None
             env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
             relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
@@ -253,6 +269,16 @@ class LocalTarget(Target):
         stage_code(root / "code", config)
         for name, source in config.data.channels().items():
             place_train_channel(source, root, copy=False, name=name)
+
+
+def _unwritable(root: Path, exc: OSError) -> TargetError:
+    """A run directory that cannot be written: bad input (exit 2) when it is the directory's permissions or a
+    read-only file system, a failed operation (exit 1) otherwise (a full disk); nothing is launched either way."""
+    where = exc.filename or root
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return TargetError(f"local.output_dir: cannot write {where} ({exc.strerror}): choose a directory you can "
+                           "write (--set local.output_dir=...)")  # fmt: skip
+    return TargetFailed(f"cannot write the run directory {where} ({exc.strerror}); nothing was launched")
 
 
 def _busy(config: Config, root: Path, owner: dict) -> str:

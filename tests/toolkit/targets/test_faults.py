@@ -301,3 +301,20 @@ def test_a_full_disk_fails_in_one_line_and_the_run_resumes_once_there_is_room(sm
     result = train(root)
     assert result.exit_code == 0, result.output
     assert_same_adapter(root, baseline)
+
+
+def test_a_read_only_output_dir_is_bad_input_in_one_line_and_nothing_is_launched(tmp_path):
+    """A local.output_dir on a read-only file system (a real one: tmpfs mounted ro, as root) used to end in a
+    49-line traceback with exit 1; it is bad input: exit 2, one line naming the setting, no process started."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        result = train(mount / "run")
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: local.output_dir: cannot write") and "Read-only file system" in line, line
