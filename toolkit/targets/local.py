@@ -107,8 +107,10 @@ class LocalJob(Job):
         if failure.exists():
             reason = failure.read_text(errors="replace").strip() or self._why_it_ended(code)
             return JobState(self.name, Status.FAILED, f"{reason}; {resume}")
-        if self.stop_requested or code == 143 or (self.root / "output" / "stopped").exists():
+        if (self.root / "output" / "stopped").exists():  # the trainer writes it once its stop's checkpoint is saved
             return JobState(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
+        if self.stop_requested or code == 143:  # stopped before training began (loading), so nothing was saved
+            return JobState(self.name, Status.STOPPED, f"stopped before it wrote a checkpoint; {resume}")
         if code not in (None, 0):
             return JobState(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
         if (self.root / "model" / "run.json").exists():

@@ -196,3 +196,21 @@ def test_a_stop_at_once_is_not_undone_by_the_checkpoint_request_sent_after_it(tm
         trainer.wait()
     state = job.status()
     assert state.status is Status.STOPPED and state.detail.startswith("stopped at once: no new checkpoint"), state
+
+
+def test_a_stop_before_training_began_does_not_claim_a_checkpoint(tmp_path):
+    """SIGTERM while the model loads: the trainer exits 143 without saving (it writes output/stopped only once its
+    stop's checkpoint is saved), and status used to say "stopped with a checkpoint" all the same. A process that
+    exits 143 stands in for that trainer; a second one, with the record written, for a trainer that saved."""
+    root = tmp_path / "run"
+    (root / "output").mkdir(parents=True)
+    early = subprocess.Popen(["bash", "-c", "exit 143"])
+    early.wait()
+    state = LocalJob("tiny-gpt-oss-local", root, process=early).status()
+    assert state.status is Status.STOPPED and state.detail.startswith("stopped before it wrote a checkpoint"), state
+    assert "starts from the beginning (no complete checkpoint)" in state.detail
+    (root / "output" / "stopped").write_text("stopped at step 3\n")
+    saved = subprocess.Popen(["bash", "-c", "exit 143"])
+    saved.wait()
+    state = LocalJob("tiny-gpt-oss-local", root, process=saved).status()
+    assert state.status is Status.STOPPED and state.detail.startswith("stopped with a checkpoint"), state
