@@ -88,8 +88,9 @@ def test_installed_cli_validates_a_preset_and_the_entrypoint_runs_as_a_script(in
     planned = run_installed(installed, tmp_path, "-m", "toolkit.cli", "plan", "gpt-oss-20b-lora", "--offline",
                             "--tokens", "1000", "--json")  # fmt: skip
     assert planned.returncode == 0, planned.stderr  # the throughput table and the price file ship in the wheel
-    sources = {c["instance_type"]: c["price_source"] for c in json.loads(planned.stdout)["candidates"]}
-    assert sources["ml.p5.48xlarge"].startswith("shipped price file"), sources
+    candidates = json.loads(planned.stdout)["candidates"]
+    sources = {(c["target"], c["instance_type"]): c["price_source"] for c in candidates}
+    assert sources[("training-job", "ml.p5.48xlarge")].startswith("shipped price file"), sources
     # the training container runs train.py as a script: it must import its siblings wherever it is installed
     env = {**os.environ, "TOOLKIT_ML_ROOT": str(tmp_path / "ml"), "PYTHONPATH": ""}
     script = installed / "toolkit_train" / "train.py"

@@ -214,9 +214,9 @@ class LocalTarget(Target):
                 raise _unwritable(root, exc) from None
             env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
-            relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
+            through_relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
             process = subprocess.Popen(
-                relay + launch_command(config),
+                through_relay + launch_command(config),
                 cwd=root,
                 env=env,
                 stdout=subprocess.PIPE,
