@@ -102,13 +102,7 @@ def _die_with_parent() -> None:
 
 
 def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _answers(os.kill, pid)
 
 
 def _refuse_busy_port(port: int) -> None:
@@ -128,11 +122,16 @@ def _refuse_busy_port(port: int) -> None:
 
 
 def _group_alive(group: int) -> bool:
+    return _answers(os.killpg, group)
+
+
+def _answers(signal_to: Callable[[int, int], None], target: int) -> bool:
+    """Whether a process (os.kill) or process group (os.killpg) exists: signal 0 checks without sending."""
     try:
-        os.killpg(group, 0)
+        signal_to(target, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # it exists, owned by another user
         return True
     return True
 
