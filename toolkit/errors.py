@@ -23,6 +23,33 @@ class Failed(Exception):
     """An operation that was started failed (exit 1): the input was fine, the run was not."""
 
 
+class CannotWrite(BadInput):
+    """A path the user named that cannot be written (permissions, a read-only file system): choose another."""
+
+
+class WriteFailed(Failed):
+    """A write that failed for another reason than the path (a full disk, an I/O error)."""
+
+
+def unwritable(
+    exc: OSError,
+    where: object,
+    setting: str,
+    bad: type[Exception] = CannotWrite,
+    failed: type[Exception] = WriteFailed,
+    outcome: str = "nothing half-written was kept",
+) -> Exception:
+    """The one line for a write that failed: bad input (exit 2, `bad`) when it is the path's permissions or a
+    read-only file system, a failed operation (exit 1, `failed`) otherwise (a full disk). `setting`: where the
+    user chose the path (a config field or an option); `outcome`: what the failure left."""
+    import errno
+
+    path = exc.filename or where
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return bad(f"{setting}: cannot write {path} ({exc.strerror}): choose a directory you can write")
+    return failed(f"cannot write {path} ({exc.strerror}); {outcome}")
+
+
 SHOWN_VALUE_CHARS = 80  # a value echoed in a message is cut to this: a 5,000-character value is not the message
 
 

@@ -23,7 +23,6 @@ from toolkit.config.targets import run_home
 from toolkit.resources import HERE as RESOURCES
 
 THROUGHPUT_FILE = RESOURCES / "throughput.json"
-STATS_FILE = "toolkit-stats.json"  # written by `toolkit data prepare` next to the prepared dataset
 CHARS_PER_TOKEN = 4  # the fast count of an unprepared local file: its bytes / 4 (marked estimated)
 HYPERPOD_NODES = (1, 2, 4)  # the node counts plan offers besides the configured one
 Basis = Literal["measured", "scaled", "estimated", "none"]
@@ -71,25 +70,54 @@ def throughput_table() -> dict[str, Any]:
 
 
 def data_tokens(cfg: Config, tokens: int | None = None) -> tuple[int | None, str]:
-    """One epoch's tokens: --tokens, else the statistics `toolkit data prepare` saved, else a fast count of a
-    local file (bytes / 4, estimated), else unknown."""
+    """One epoch's tokens: --tokens, else the statistics sealed with the dataset `toolkit data prepare` made
+    (data.source itself, or runs/<name>/prepared while its source and settings are still the config's), else a fast
+    count of a local file (bytes / 4, estimated), else unknown. A prepared dataset not used says why."""
     from toolkit_train.data import SAMPLE_DATASET, SAMPLE_PATH
 
     if tokens:
         return tokens, "--tokens"
     source = cfg.data.source
-    for directory in (Path(source), run_home(cfg.name) / "prepared"):
-        stats = directory / STATS_FILE
-        if not source.startswith(("s3://", "fsx://")) and stats.is_file():
-            return int(json.loads(stats.read_text())["tokens"]), f"measured by `toolkit data prepare` ({stats})"
+    found, why_not = _prepared_tokens(cfg, Path(source), own_source=True)
+    if found is None and not why_not:
+        found, why_not = _prepared_tokens(cfg, run_home(cfg.name) / "prepared", own_source=False)
+    if found is not None:
+        return found
+    aside = f" ({why_not})" if why_not else ""
     local = SAMPLE_PATH if source == SAMPLE_DATASET else Path(source)
     if local.is_file():
         size = local.stat().st_size
-        return size // CHARS_PER_TOKEN, f"estimated: {local.name}'s {size:,} bytes / {CHARS_PER_TOKEN}"
+        return size // CHARS_PER_TOKEN, f"estimated: {local.name}'s {size:,} bytes / {CHARS_PER_TOKEN}{aside}"
     return None, (
-        f"unknown for {source}: run `toolkit data prepare CONFIG` (saves the token statistics plan reads) "
+        f"unknown for {source}{aside}: run `toolkit data prepare CONFIG` (saves the token statistics plan reads) "
         "or pass --tokens N"
     )
+
+
+def _prepared_tokens(cfg: Config, directory: Path, own_source: bool) -> tuple[tuple[int, str] | None, str]:
+    """(tokens and where they come from, or None; why a prepared dataset there was not used, or "")."""
+    from toolkit_train import prepared
+    from toolkit_train.data import DataError
+
+    if cfg.data.source.startswith(("s3://", "fsx://")) and own_source:
+        return None, ""
+    try:
+        made = prepared.sealed(directory, by_content=False)  # sizes: plan reads no dataset through
+    except DataError as exc:
+        return None, f"not used: {exc}"
+    if made is None:
+        return None, ""
+    stale = prepared.differences(made, cfg.data, cfg.model)
+    if not own_source and made.get("source") != cfg.data.source:
+        stale.append(f"data.source (prepared from {made.get('source')!r})")
+    elif not own_source and made.get("source_sha256") != prepared.source_digest(cfg.data.source):
+        stale.append(f"the content of {cfg.data.source} (changed since it was prepared)")
+    if stale:
+        return None, f"{directory} not used: prepared for other values of {'; '.join(stale)}"
+    tokens = made.get("stats", {}).get("tokens")
+    if not isinstance(tokens, int):
+        return None, f"{directory} not used: its record holds no token count"
+    return (tokens, f"measured by `toolkit data prepare` ({directory})"), ""
 
 
 def run_tokens(cfg: Config, world: int, epoch_tokens: int | None) -> tuple[int | None, str]:

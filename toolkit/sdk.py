@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolkit import errors
 from toolkit.config import Config, load_config
 from toolkit.config.loader import validate
 from toolkit.config.targets import run_home
@@ -86,35 +87,37 @@ def _as_config(config: Config | str | Path, overrides: Sequence[str] = (), targe
 def prepare_data(
     config: Config | str | Path, output: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> dict[str, Any]:
-    """Load, validate, render and tokenize the config's data once; save it as an Arrow dataset.
+    """Load, validate, render and tokenize the config's data once; save it as a sealed Arrow dataset.
 
-    Returns the token statistics and where the dataset went: a directory, or an s3:// prefix (uploaded with
-    the config's AWS settings). Point `data.source` at it to train on it without re-tokenizing.
+    Returns the token statistics and where the dataset went: a directory (written beside it and renamed into place
+    once complete: a kill leaves the previous dataset or the new one), or an s3:// prefix (uploaded with the
+    config's AWS settings). Point `data.source` at it to train on it without re-tokenizing.
     """
-    import json
     import tempfile
 
+    from toolkit_train import prepared
     from toolkit_train.data import PrepareReport, load_rows, prepare
     from toolkit_train.model import load_tokenizer
 
     from toolkit import aws
-    from toolkit.plan import STATS_FILE
 
     cfg = _as_config(config, overrides)
     destination = str(output) if output else str(run_home(cfg.name) / "prepared")
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
+    prepared.sealed(Path(cfg.data.source))  # a prepared source is read only when complete
     dataset = prepare(load_rows(cfg.data.source, cfg.data.split), tokenizer, cfg.data, report)
-    stats = json.dumps(report.summary(), indent=1)  # what `toolkit plan` reads the data's tokens from
-    if destination.startswith("s3://"):
-        with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
-            dataset.save_to_disk(staging)
-            (Path(staging) / STATS_FILE).write_text(stats)
-            bucket, _, prefix = destination[len("s3://") :].partition("/")
-            aws.upload_tree(aws.client(cfg.aws, "s3"), Path(staging), bucket, prefix)
-    else:
-        dataset.save_to_disk(destination)
-        (Path(destination) / STATS_FILE).write_text(stats)
+    made = prepared.record(cfg.data.source, cfg.data.split, cfg.data, cfg.model, report.summary())
+    try:
+        if destination.startswith("s3://"):
+            with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
+                prepared.save(dataset, Path(staging) / "dataset", made)
+                bucket, _, prefix = destination[len("s3://") :].partition("/")
+                aws.upload_tree(aws.client(cfg.aws, "s3"), Path(staging) / "dataset", bucket, prefix)
+        else:
+            prepared.save(dataset, Path(destination), made)
+    except OSError as exc:
+        raise errors.unwritable(exc, destination, "--output") from None
     return {"output": destination, **report.summary(), "bad_rows": report.bad_rows}
 
 
@@ -134,7 +137,11 @@ def train(
     """
     from toolkit import limits
 
+    from toolkit_train import prepared
+
     cfg = _as_config(config, overrides, target)
+    if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
+        prepared.for_training(Path(cfg.data.source), cfg.data, cfg.model)
     if preflight and cfg.target == "training-job":
         limits.preflight(cfg, on_note)
     return get_target(cfg.target).submit(cfg, fresh=fresh)

@@ -1,5 +1,5 @@
 """Checkpoints that are complete or invisible, wherever they live (a local run, /opt/ml/checkpoints restored from
-S3, FSx on HyperPod).
+S3, FSx on HyperPod). The same seal makes prepared datasets complete or invisible (`toolkit_train.prepared`).
 
 The Trainer writes `checkpoint-N/` in place, file by file, so a kill during a save leaves a directory that looks
 like the newest checkpoint and is not one. Here a checkpoint counts only once it is sealed: every file flushed to
@@ -55,19 +55,30 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def seal(checkpoint: Path) -> None:
-    """Flush every file of a finished save to disk, then record it (the record is what makes it a checkpoint)."""
+def seal(checkpoint: Path, about: dict | None = None) -> None:
+    """Flush every file of a finished save to disk, then record it (the record is what makes it a checkpoint).
+    `about`: what the directory holds, kept in the record (a prepared dataset's source, settings and statistics)."""
     files = _files(checkpoint)
     for path in files:
         _fsync(path)
     names = [str(p.relative_to(checkpoint)) for p in files]
     record = {"files": {name: p.stat().st_size for name, p in zip(names, files, strict=True)},
-              "sha256": {name: _sha256(p) for name, p in zip(names, files, strict=True)}}  # fmt: skip
+              "sha256": {name: _sha256(p) for name, p in zip(names, files, strict=True)},
+              **({"about": about} if about is not None else {})}  # fmt: skip
     temporary = checkpoint / f"{SEAL}.tmp"
     temporary.write_text(json.dumps(record, indent=1))
     _fsync(temporary)
     temporary.replace(checkpoint / SEAL)
     _fsync(checkpoint)
+
+
+def about(directory: Path) -> dict | None:
+    """What a sealed directory's record says it holds (None: no record, or none said)."""
+    try:
+        found = json.loads((directory / SEAL).read_text()).get("about")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def problem(checkpoint: Path, by_content: bool = True) -> str | None:

@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __import__(__package__)
 
 from . import checkpoints
+from .faults import FAULT_POINT_ENV, fault_point
 from .metrics import format_metrics
 from .settings import (
     AWS_REGION_ENV,
@@ -48,9 +49,6 @@ from .settings import (
 
 HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # every rank's, when training begins (callbacks: HostMemory)
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
-# Tests only (tests/toolkit/targets/test_faults.py): kill the run's whole process tree with SIGKILL at the named
-# moment, to prove that what a kill leaves behind is complete or ignored. Unset in every job.
-FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
 SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # tests only: a checkpoint save that takes this much longer
 # Tests only (tests/entrypoints/test_eval_split.py): append every training micro-batch's input_ids to this JSON
 # Lines file, to prove that held-out rows never reach training. Unset in every job.
@@ -91,32 +89,6 @@ class Paths:
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def fault_point(moment: str) -> None:
-    """SIGKILL the run at this moment when a test asks for it: in a session of its own (the local target's) every
-    process of the run's group but its leader, the output relay (toolkit/targets/relay.py: the trainer's processes
-    die, the relay reports it, as after a crash or the OOM killer), else only this process."""
-    if os.environ.get(FAULT_POINT_ENV) != moment or rank() != 0:
-        return
-    log(f"fault point {moment}: killing the run")
-    sys.stdout.flush()
-    group = os.getpgrp()
-    if os.getsid(0) == group:
-        for pid in _group_members(group) - {group, os.getpid()}:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _group_members(group: int) -> set[int]:
-    """The processes of a process group (Linux /proc: stat's fifth field is the group)."""
-    members = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group:
-                members.add(int(stat.parent.name))
-    return members
 
 
 def with_fault_points(trainer_class: Any) -> Any:
@@ -202,9 +174,13 @@ def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
 
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     """(training rows, their stats, held-out rows or None, their stats): tokenized, held-out rows set apart first."""
+    from . import prepared
     from .data import PrepareReport, load_rows, prepare, split_rows
 
     source = data_source(settings, paths)
+    made = prepared.for_training(Path(source), settings.data, settings.model)
+    if made is not None:  # say which: a prepared dataset is trained on as it was sealed, from its own source
+        log(f"data {source}: a prepared dataset, complete, prepared from {made.get('source')} with these settings")
     rows, held_out = split_rows(load_rows(source, settings.data.split), settings.data, eval_source(settings, paths))
     report = PrepareReport()
     dataset = prepare(rows, tokenizer, settings.data, report)

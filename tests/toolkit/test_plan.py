@@ -16,6 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.stub import Stubber
+from toolkit_train import checkpoints, prepared
 from typer.testing import CliRunner
 
 from tests.botocore_model import assert_valid_call
@@ -88,16 +89,29 @@ def test_the_configured_target_comes_first_and_what_does_not_fit_is_left_out():
     assert types["ml.p5.48xlarge"] == "no" and types["ml.p5en.48xlarge"] == "yes"
 
 
-def test_tokens_come_from_data_prepare_statistics(tmp_path, monkeypatch):
+def test_tokens_come_from_data_prepare_statistics_while_they_describe_this_config(tmp_path, monkeypatch):
+    """runs/<name>/prepared's sealed statistics count the data; prepared with another max_length (or left
+    without its seal) they are not this config's tokens, and plan says why it did not use them."""
     monkeypatch.chdir(tmp_path)
     cfg = load_config("gpt-oss-20b-lora")
     assert sdk.plan(cfg, online=False).data_tokens is None  # a hub dataset, never prepared here
-    prepared = tmp_path / "runs" / cfg.name / "prepared"
-    prepared.mkdir(parents=True)
-    (prepared / "toolkit-stats.json").write_text(json.dumps({"tokens": 1_234_567}))
+    directory = tmp_path / "runs" / cfg.name / "prepared"
+    directory.mkdir(parents=True)
+    (directory / "state.json").write_text("{}")
+    stats = {"tokens": 1_234_567}
+    checkpoints.seal(directory, prepared.record(cfg.data.source, "train", cfg.data, cfg.model, stats))
     planned = sdk.plan(cfg, online=False)
     assert planned.data_tokens == 1_234_567 and "toolkit data prepare" in planned.data_tokens_source
     assert all(c.tokens == 1_234_567 for c in planned.candidates)  # num_epochs: 1
+    longer = load_config("gpt-oss-20b-lora", ["data.max_length=4096"])
+    stale = sdk.plan(longer, online=False)
+    assert stale.data_tokens is None and "data.max_length (prepared with 2048, this config: 4096)" in (
+        stale.data_tokens_source
+    )
+    (directory / checkpoints.SEAL).unlink()
+    (directory / prepared.UNSEALED_STATS).write_text(json.dumps(stats))  # an interrupted (older) prepare
+    unsealed = sdk.plan(cfg, online=False)
+    assert unsealed.data_tokens is None and "no completion record" in unsealed.data_tokens_source
 
 
 def test_price_override_beats_every_other_source():

@@ -10,7 +10,6 @@ Running the same config again resumes from its newest complete checkpoint, exact
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
 
+from toolkit import errors
 from toolkit.config import Config
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets import relay
@@ -273,14 +273,10 @@ class LocalTarget(Target):
             place_train_channel(source, root, copy=False, name=name)
 
 
-def _unwritable(root: Path, exc: OSError) -> TargetError:
-    """A run directory that cannot be written: bad input (exit 2) when it is the directory's permissions or a
-    read-only file system, a failed operation (exit 1) otherwise (a full disk); nothing is launched either way."""
-    where = exc.filename or root
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return TargetError(f"local.output_dir: cannot write {where} ({exc.strerror}): choose a directory you can "
-                           "write (--set local.output_dir=...)")  # fmt: skip
-    return TargetFailed(f"cannot write the run directory {where} ({exc.strerror}); nothing was launched")
+def _unwritable(root: Path, exc: OSError) -> Exception:
+    """A run directory that cannot be written; nothing is launched either way."""
+    setting = "local.output_dir (--set local.output_dir=...)"
+    return errors.unwritable(exc, root, setting, TargetError, TargetFailed, outcome="nothing was launched")
 
 
 def _busy(config: Config, root: Path, owner: dict) -> str:

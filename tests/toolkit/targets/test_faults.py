@@ -317,4 +317,5 @@ def test_a_read_only_output_dir_is_bad_input_in_one_line_and_nothing_is_launched
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     line = result.output.strip().splitlines()[-1]
-    assert line.startswith("error: local.output_dir: cannot write") and "Read-only file system" in line, line
+    assert line.startswith("error: local.output_dir (--set local.output_dir=...): cannot write"), line
+    assert "Read-only file system" in line, line
