@@ -135,9 +135,9 @@ def train(
     submitted, when it is below the instance count) and priced; `on_note` gets that one line. `preflight=False`
     skips both. Call `job.wait()` to block until it ends; `job.stop()` checkpoints and stops it.
     """
-    from toolkit import limits
-
     from toolkit_train import prepared
+
+    from toolkit import limits
 
     cfg = _as_config(config, overrides, target)
     if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched

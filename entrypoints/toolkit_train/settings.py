@@ -32,6 +32,19 @@ AWS_REGION_ENV = "TOOLKIT_AWS_REGION"
 # How the entrypoint says why it failed, on its output (read by the local target when output/failure cannot be
 # written, e.g. on a full disk)
 FAILED_PREFIX = "[toolkit] FAILED: "
+
+
+def failure_elsewhere(root: Path) -> Path:
+    """Where a run's failure is kept when its own output/failure cannot be written (its disk is full): a file
+    named by the run directory under this machine's temporary directory, on another disk as a rule. A new attempt
+    clears it (toolkit.targets.jobtree.prepare_run_dir); `toolkit jobs status` reads it."""
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "toolkit-failures" / key
+
+
 # The stop window: how long a stopped job's ranks have to checkpoint between SIGTERM and SIGKILL. SageMaker gives
 # 120 s on StopTrainingJob and on a spot interruption (fixed); the toolkit gives the same wherever it decides: the
 # EKS pod's terminationGracePeriodSeconds, and the launchers' own kill timers inside it (torchrun's

@@ -44,6 +44,7 @@ from .settings import (
     STOP_WINDOW_SECONDS,
     TORCHRUN_SHUTDOWN_ENV,
     TrainSettings,
+    failure_elsewhere,
     from_hyperparameters,
 )
 
@@ -820,15 +821,18 @@ def main() -> int:
 
 
 def record_failure(paths: Paths, reason: str) -> None:
-    """What `toolkit jobs status` reads later: whole or absent (on a full disk the FAILED line is all there is)."""
-    partial = paths.failure.with_name("failure.partial")
-    try:
-        paths.failure.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(reason + "\n")
-        partial.replace(paths.failure)
-    except OSError:
-        with contextlib.suppress(OSError):
-            partial.unlink()
+    """What `toolkit jobs status` reads later: whole or absent; where the run's own disk is full, kept elsewhere
+    (settings.failure_elsewhere) so that status does not take the run for killed."""
+    for record in (paths.failure, failure_elsewhere(paths.root)):
+        partial = record.with_name(f"{record.name}.partial")
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(reason + "\n")
+            partial.replace(record)
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink()
 
 
 def failure_reason(exc: BaseException, paths: Paths) -> str:

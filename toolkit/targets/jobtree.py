@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from toolkit_train.settings import to_hyperparameters, trajectory
+from toolkit_train.settings import failure_elsewhere, to_hyperparameters, trajectory
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
@@ -51,6 +51,7 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
         raise TargetError(foreign_checkpoints(root))
     for outcome in OUTCOMES:
         (root / "output" / outcome).unlink(missing_ok=True)
+    failure_elsewhere(root).unlink(missing_ok=True)
     write_settings(config, root)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit_train.settings import FAILED_PREFIX, to_hyperparameters
+from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
 from toolkit.config import Config
@@ -97,7 +98,8 @@ class LocalJob(Job):
         return Artifacts.in_run_dir(self.root / "model")
 
     def status(self) -> JobState:
-        failure = self.root / "output" / "failure"
+        failure = next((p for p in (self.root / "output" / "failure", failure_elsewhere(self.root)) if p.exists()),
+                       self.root / "output" / "failure")  # fmt: skip
         code = self.process.poll() if self.process else None
         if (self.process and code is None) or (not self.process and self._running_elsewhere()):
             return JobState(self.name, Status.RUNNING)
@@ -130,6 +132,12 @@ class LocalJob(Job):
             return f"killed by {signal.Signals(-code).name} (out of memory, kill -9?); see {self.log_path}"
         if code is not None:
             return f"exit code {code}; see {self.log_path}"
+        free = _free_bytes(self.root)
+        if free is not None and free < LOW_DISK_BYTES:  # no record and no room to write one: say what is likely
+            return (
+                f"its processes ended without an outcome, and {self.root}'s disk has {free // 2**20} MiB free: most "
+                f"likely out of disk space; free some and run the same command again; see {self.log_path}"
+            )
         return f"its processes ended without an outcome (killed, or the machine went down); see {self.log_path}"
 
     def logs(self, follow: bool = False) -> Iterator[str]:
@@ -271,6 +279,16 @@ class LocalTarget(Target):
         stage_code(root / "code", config)
         for name, source in config.data.channels().items():
             place_train_channel(source, root, copy=False, name=name)
+
+
+LOW_DISK_BYTES = 64 * 2**20  # less free space than this where a run ended without a record: the disk filled up
+
+
+def _free_bytes(root: Path) -> int | None:
+    try:
+        return shutil.disk_usage(root).free
+    except OSError:
+        return None
 
 
 def _unwritable(root: Path, exc: OSError) -> Exception:

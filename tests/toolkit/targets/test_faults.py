@@ -226,9 +226,6 @@ def test_the_trainer_outlives_a_killed_cli_and_checkpoints_when_stopped_from_ano
     """kill -9 of `toolkit train` alone (a closed terminal): the trainer used to write into the dead CLI's pipe and
     die of EPIPE at its next line, with no checkpoint. Its output now goes through the run's relay to the log: it
     trains on, and a stop from another shell checkpoints it; the same command then resumes from that checkpoint."""
-    from toolkit import job
-    from toolkit.config import load_config
-
     root = tmp_path / "run"
     long_run = ["--set", "training.max_steps=200", "--set", "training.save_steps=0"]
     cli = _cli(root, *long_run)
@@ -241,8 +238,7 @@ def test_the_trainer_outlives_a_killed_cli_and_checkpoints_when_stopped_from_ano
     _wait_for_log(root, f"[metrics] step={logged + 3}/", timeout=120)  # three more lines written, none lost
     assert run_holder(root) == holder  # the same processes, still training
 
-    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}", "training.max_steps=200"])
-    running = job(config, config.name)  # found again, as `toolkit jobs stop` finds it
+    running = _found_again(root, "training.max_steps=200")  # as `toolkit jobs stop` finds it
     running.stop()
     deadline = time.monotonic() + 120
     while run_holder(root) is not None:
@@ -253,6 +249,15 @@ def test_the_trainer_outlives_a_killed_cli_and_checkpoints_when_stopped_from_ano
     sealed = [p.name for p in (root / "checkpoints").iterdir() if p.name.startswith("checkpoint-")]
     assert len(sealed) == 1 and "incomplete" not in sealed[0], sealed
     assert f"resumes from {sealed[0]}" in state.detail
+
+
+def _found_again(root: Path, *overrides: str):
+    """The run's job handle as another shell's `toolkit jobs ...` finds it: by name, no process of this one."""
+    from toolkit import job
+    from toolkit.config import load_config
+
+    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}", *overrides])
+    return job(config, config.name)
 
 
 def _steps_logged(root: Path) -> int:
@@ -297,6 +302,8 @@ def test_a_full_disk_fails_in_one_line_and_the_run_resumes_once_there_is_room(sm
     last = result.output.strip().splitlines()[-1]
     assert "out of disk space writing" in last and "local.output_dir" in last, result.output[-2000:]
     assert "Traceback" not in result.output.split("[toolkit] FAILED")[-1]
+    later = _found_again(root).status()  # `toolkit jobs status` from another shell: no output/failure fitted
+    assert later.status.value == "Failed" and "out of disk space writing" in later.detail, later
     subprocess.run(["mount", "-o", "remount,size=400m", str(small_disk)], check=True)
     result = train(root)
     assert result.exit_code == 0, result.output
