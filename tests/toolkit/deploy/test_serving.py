@@ -78,6 +78,42 @@ def test_streaming_and_the_official_openai_client(server, trained):
                                                  stream_options={"include_usage": True}))  # fmt: skip
     assert any(c.choices and c.choices[0].finish_reason in ("length", "stop") for c in chunks)
     assert chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+    cut = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=3, temperature=0)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 3  # cut off, and says so
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    with_tools = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=8, tools=[weather],
+                                                reasoning_effort="high")  # fmt: skip
+    assert with_tools.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    with pytest.raises(openai.BadRequestError):  # a malformed request is the client's error, raised as such
+        client.chat.completions.create(model=cfg.name, messages=[{"role": "wizard", "content": "hi"}], max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=4)
+
+
+def test_concurrent_seeded_requests_are_all_answered_and_the_server_stays_up(server, trained):
+    """Fifty concurrent requests that each set `seed` once killed the local server: vLLM rewinds a seeded
+    generator after a partial (chunked) prefill, which the CPU generator cannot do ("CPU Generator does not use
+    offset"). The CPU server runs without chunked prefill (toolkit/deploy/local.py CPU_SETTINGS); the same seed
+    gives the same reply."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    cfg, _ = trained
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+    def ask(seed: int) -> str:  # distinct prompts (no shared prefix to cache): prefills big enough to be chunked
+        asked = [{"role": "system", "content": f"Request {seed}. " * 40}, *QUESTION]
+        reply = client.chat.completions.create(model=cfg.name, messages=asked, max_tokens=6, seed=seed,
+                                               temperature=1.0)  # fmt: skip
+        return json.dumps(reply.choices[0].message.model_dump(), sort_keys=True)  # reasoning and answer
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        replies = list(pool.map(ask, range(50)))  # a 5xx or a dropped connection raises here
+    assert ask(7) == replies[7]  # seeded sampling: the same reply alone as in the crowd
+    with urllib.request.urlopen(server.url + "/ping", timeout=5) as response:
+        assert response.status == 200  # still serving
 
 
 def same_reply(client: ChatClient) -> None:
