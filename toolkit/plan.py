@@ -114,7 +114,8 @@ def _prepared_tokens(cfg: Config, directory: Path, own_source: bool) -> tuple[tu
         stale.append(f"the content of {cfg.data.source} (changed since it was prepared)")
     if stale:
         return None, f"{directory} not used: prepared for other values of {'; '.join(stale)}"
-    tokens = made.get("stats", {}).get("tokens")
+    stats = made.get("stats", {})
+    tokens = stats.get("training_tokens", stats.get("tokens"))  # data.eval.fraction's rows are not trained on
     if not isinstance(tokens, int):
         return None, f"{directory} not used: its record holds no token count"
     return (tokens, f"measured by `toolkit data prepare` ({directory})"), ""

@@ -106,8 +106,10 @@ def prepare_data(
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
     prepared.sealed(Path(cfg.data.source))  # a prepared source is read only when complete
-    dataset = prepare(load_rows(cfg.data.source, cfg.data.split), tokenizer, cfg.data, report)
-    made = prepared.record(cfg.data.source, cfg.data.split, cfg.data, cfg.model, report.summary())
+    rows = load_rows(cfg.data.source, cfg.data.split)
+    dataset = prepare(rows, tokenizer, cfg.data, report)  # every row: training holds data.eval's rows out itself
+    summary = {**report.summary(), **_held_out_apart(cfg, rows, tokenizer, report)}
+    made = prepared.record(cfg.data.source, cfg.data.split, cfg.data, cfg.model, summary)
     try:
         if destination.startswith("s3://"):
             with tempfile.TemporaryDirectory(prefix="toolkit-prepared-") as staging:
@@ -118,7 +120,21 @@ def prepare_data(
             prepared.save(dataset, Path(destination), made)
     except OSError as exc:
         raise errors.unwritable(exc, destination, "--output") from None
-    return {"output": destination, **report.summary(), "bad_rows": report.bad_rows}
+    return {"output": destination, **summary, "bad_rows": report.bad_rows}
+
+
+def _held_out_apart(cfg: Config, rows: Any, tokenizer: Any, report: Any) -> dict[str, int]:
+    """With data.eval.fraction, the rows and tokens training will hold out and the tokens it trains on (what
+    `toolkit plan` counts), apart from the whole source's."""
+    from toolkit_train.data import PrepareReport, prepare, split_rows
+
+    if cfg.data.eval is None or cfg.data.eval.fraction is None:
+        return {}
+    held = PrepareReport()
+    prepare(split_rows(rows, cfg.data)[1], tokenizer, cfg.data, held)
+    tokens = held.summary()["tokens"]
+    return {"held_out_rows": held.summary()["rows_out"], "held_out_tokens": tokens,
+            "training_tokens": report.summary()["tokens"] - tokens}  # fmt: skip
 
 
 def train(

@@ -236,13 +236,16 @@ def test_preflight_line_names_quota_and_price(aws_env, monkeypatch):
     assert lines == [lines[0]] and "= 4;" in lines[0] and f"${shipped:,.2f}/h on demand" in lines[0]
 
 
-def test_plan_reads_the_token_count_data_prepare_measured(tmp_path):
+def test_plan_reads_the_token_count_data_prepare_measured_without_the_held_out_rows(tmp_path):
     prepared = tmp_path / "prepared"
-    made = runner.invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", str(prepared), "--json"])
+    held = ["--set", "data.eval.fraction=0.25"]
+    made = runner.invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", str(prepared), "--json", *held])
     assert made.exit_code == 0, made.output
     report = json.loads(made.stdout[made.stdout.index("{") :])
+    assert report["held_out_rows"] == 6 and report["training_tokens"] + report["held_out_tokens"] == report["tokens"]
     planned = runner.invoke(app, ["plan", "tiny-gpt-oss-local", "--offline", "--json", "--set",
-                                  f"data.source={prepared}"])  # fmt: skip
+                                  f"data.source={prepared}", *held])  # fmt: skip
     assert planned.exit_code == 0, planned.output
     shown = json.loads(planned.stdout)
-    assert shown["data_tokens"] == report["tokens"] > 0 and "toolkit data prepare" in shown["data_tokens_source"]
+    assert shown["data_tokens"] == report["training_tokens"] > 0
+    assert "toolkit data prepare" in shown["data_tokens_source"]
