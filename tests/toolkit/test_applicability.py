@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -45,11 +46,14 @@ EXAMPLES = {
     "training.warmup_ratio": "0.2",
     "serving.max_loras": "8",
     "serving.component_memory_mb": "1000",
+    "training.per_device_batch_size": "4",
 }
 # A value of an open-ended deciding setting (not a Literal or bool) where a row's field does not apply.
-ELSEWHERE = {"training.max_steps": "10"}
+ELSEWHERE = {"training.max_steps": "10", "training.tokens_per_micro_batch": "4096"}
 # What else a setting needs to validate at all where it is refused (e.g. a tracking uri needs report_to).
-NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "training.mlflow": []}
+NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "training.mlflow": [],
+         "training.tokens_per_micro_batch": ["training.per_device_batch_size=1"],  # the preset's 2 rows: not packed
+         "training.per_device_batch_size": ["training.packing=true"]}  # fmt: skip
 
 
 def _models(annotation: typing.Any) -> list[type[BaseModel]]:
@@ -146,3 +150,89 @@ def test_every_conditional_row_is_refused_through_the_cli(path):
 def _yaml_list(on: str, value) -> str:
     text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
     return f"[{text}]" if on == "training.report_to" else text
+
+
+# -- "does nothing" found by enumeration, not by someone thinking of it --------------------------------------------
+# Every training setting, changed under every combination of the settings that decide others' effect: when the
+# change reaches nothing the trainer is built from (the SFTConfig arguments, the checkpointing / compile / loading
+# decisions, the packed micro-batch budget) and the config check still accepts it, the setting does nothing there
+# silently and the table lacks a row. The deciders are the training settings other settings' effect depends on.
+DECIDERS = {
+    "lr_scheduler": ["cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup"],
+    "max_steps": [None, 10],
+    "packing": [False, True],
+    "tokens_per_micro_batch": [None, 4096],
+    "distributed": ["ddp", "fsdp"],
+    "report_to": [[], ["mlflow"]],
+    "save_steps": [0, 10],
+}
+# A value other than the tiny preset's for every training setting (a new setting fails until it has one).
+OTHER = {
+    "learning_rate": 1e-3, "num_epochs": 3, "max_steps": 7, "per_device_batch_size": 3,
+    "gradient_accumulation_steps": 2, "lr_scheduler": "linear", "min_lr_rate": 0.3, "warmup_ratio": 0.2,
+    "weight_decay": 0.01, "adam_beta2": 0.95, "max_grad_norm": 0.5, "gradient_checkpointing": True,
+    "compile_layers": True, "seed": 7, "save_steps": 3, "save_total_limit": 5, "logging_steps": 2,
+    "report_to": ["tensorboard"], "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}, "distributed": "fsdp",
+    "fsdp_sharding": "hybrid_shard", "packing": True, "tokens_per_micro_batch": 2048, "merge_adapter": False,
+}  # fmt: skip
+# Read as they are by the code named, whatever else is set (their effect is not in a pure function of the settings).
+READ_AS_IS = {
+    "save_total_limit": "toolkit_train.checkpoints.prune, at every complete save (the end of a run included)",
+    "merge_adapter": "toolkit_train.train.train, after training",
+    "mlflow": "toolkit_train.train.report_to_mlflow (scoped to report_to: mlflow by the table)",
+}
+
+
+def _built_from(settings) -> dict:
+    """What the trainer is built from: SFTConfig's arguments (captured, not constructed: 80 ms each) and the
+    decisions taken beside it."""
+    import trl
+    from toolkit_train import train
+
+    captured: dict = {}
+    original = trl.SFTConfig
+    trl.SFTConfig = lambda **kwargs: captured.update(kwargs) or captured  # type: ignore[assignment]
+    try:
+        train.sft_config(settings, train.Paths(*[Path("/nonexistent")] * 5))
+    finally:
+        trl.SFTConfig = original
+    t = settings.training
+    return {
+        "sft": captured,
+        "checkpointing": train.use_checkpointing(settings),
+        "compiled": train.use_compiled_layers(settings),
+        "rank0_loads": train.loads_from_rank0(settings),
+        "micro_batch_tokens": settings.micro_batch_tokens() if t.packing else None,
+        **{name: getattr(t, name) for name in READ_AS_IS},
+    }
+
+
+def test_a_training_setting_that_changes_nothing_under_another_settings_value_is_refused():
+    import itertools
+
+    from toolkit.config import load_config
+    from toolkit.config.loader import ConfigError, validate
+
+    assert set(OTHER) == set(load_config("tiny-gpt-oss-local").training.model_fields), "give each setting a value"
+    base = load_config("tiny-gpt-oss-local").model_dump()
+    silent: dict[str, list[str]] = {}
+    for values in itertools.product(*DECIDERS.values()):
+        context = dict(zip(DECIDERS, values, strict=True))
+        try:
+            before = validate({**base, "training": {**base["training"], **context}}, "context")
+        except ConfigError:
+            continue  # a combination the table refuses by itself
+        built = _built_from(before.train_settings())
+        for name, other in OTHER.items():
+            if context.get(name, base["training"][name]) == other:
+                continue
+            try:
+                after = validate({**base, "training": {**base["training"], **context, name: other}}, "changed")
+            except ConfigError:
+                continue  # refused: the table (or a validator) says it does not apply here
+            if _built_from(after.train_settings()) == built:
+                shown = ", ".join(f"{k}={v}" for k, v in context.items() if v != base["training"][k])
+                silent.setdefault(f"training.{name}", []).append(shown or "the preset's values")
+    assert not silent, "accepted, yet changes nothing the trainer is built from: " + "; ".join(
+        f"{name} with {where[0]} (and {len(where) - 1} more)" for name, where in sorted(silent.items())
+    )

@@ -54,6 +54,12 @@ SCOPES: dict[str, Scope] = {
         "training.packing: true",
         "unpacked micro-batches hold training.per_device_batch_size rows",
     ),
+    "training.per_device_batch_size": Scope(
+        "training.tokens_per_micro_batch",
+        (None,),
+        "remove it, or unset training.tokens_per_micro_batch (--set training.tokens_per_micro_batch=null)",
+        "a packed micro-batch holds training.tokens_per_micro_batch tokens, whatever the rows",
+    ),
     "training.warmup_ratio": Scope(
         "training.lr_scheduler",
         ("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
