@@ -302,13 +302,14 @@ def render_deploy(
 ) -> list[Request]:
     """Every request `deploy` would make, given what exists now (the dry run: reads only, creates nothing)."""
     from toolkit.deploy import endpoint
+    from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
     if model_package is not None:  # refused as deploy refuses it (UnapprovedModel) when it is not Approved
         endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
         planned = endpoints.requests(package.image, package.model_data)
         return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
-    endpoints = endpoint.for_config(cfg)
+    endpoints = for_config(cfg)
     planned = endpoints.requests(_image(cfg, image_uri, dry_run=True), endpoint.model_data(cfg, model_data, True))
     return [*planned, *(endpoints.autoscaling_requests() if planned else [])]
 
@@ -333,6 +334,7 @@ def deploy(
     on drift, `PromptDrift` (a new endpoint is deleted, an update rolled back to the config that served before).
     """
     from toolkit.deploy import endpoint, parity
+    from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
 
@@ -349,7 +351,7 @@ def deploy(
         return endpoints.deploy(package.image, package.model_data, on_status, poll_seconds=poll_seconds, verify=check)
     data = endpoint.model_data(cfg, model_data)
     image = _image(cfg, image_uri, on_status)
-    return endpoint.for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds, verify=check)
+    return for_config(cfg).deploy(image, data, on_status, poll_seconds=poll_seconds, verify=check)
 
 
 def registered_version(config: Config | str | Path, ref: str, allow_unapproved: bool = False) -> Package:
@@ -363,7 +365,7 @@ def registered_version(config: Config | str | Path, ref: str, allow_unapproved: 
 def endpoints(config: Config | str | Path, overrides: Sequence[str] = ()) -> Endpoints:
     """The config's endpoint: `describe()`, `list_endpoints()`, `delete()` (with serving.weights: adapter also
     `components()`: the base and adapter inference components; `delete()` removes this config's adapter)."""
-    from toolkit.deploy.endpoint import for_config
+    from toolkit.deploy.serving_endpoint import for_config
 
     return for_config(_as_config(config, overrides))
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.runs import MAIN_JOB_OVERRIDES
 from toolkit.cli import app
-from toolkit.evaluate.report import bootstrap_interval
+from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
 
 pytestmark = pytest.mark.integration

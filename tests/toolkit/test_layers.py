@@ -55,3 +55,64 @@ def test_deploy_the_sdk_and_the_config_never_reach_into_a_named_target():
     sources = [*(root / "deploy").glob("*.py"), *(root / "config").glob("*.py"), root / "sdk.py", root / "aws.py"]
     found = {f"{path.name}: {name}" for path in sources for name in _imports(path) if name.startswith(named)}
     assert found == set()
+
+
+def _toolkit_modules() -> dict[str, Path]:
+    root = Path(toolkit.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = ("toolkit", *path.relative_to(root).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every import that runs, at module level or inside a function (a function-local import is still an arrow),
+    but not those under `if TYPE_CHECKING:` (annotations only)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def test_no_import_circle_between_toolkit_modules():
+    """Imports as a graph of modules (package-to-own-submodule arrows aside): no strongly connected set. A circle
+    hidden in a function-local import is a circle too; three were (config, deploy endpoints, eval report)."""
+    modules = _toolkit_modules()
+    graph = {
+        module: {
+            name
+            for name in _runtime_imports(path)
+            if name in modules and name != module and not module.startswith(name + ".")
+        }
+        for module, path in modules.items()
+    }
+    circles = []
+    for start in graph:  # a module on a circle reaches itself; each circle reported once, by its members
+        if start in _reach(graph, start):
+            members = sorted(m for m in _reach(graph, start) if start in _reach(graph, m))
+            if members not in circles:
+                circles.append(members)
+    assert circles == [], f"import circles: {circles}"
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, frontier = set(), list(graph[start])
+    while frontier:
+        current = frontier.pop()
+        if current not in seen:
+            seen.add(current)
+            frontier.extend(graph[current])
+    return seen

@@ -62,7 +62,7 @@ def _sections(*names: str) -> list[str]:
 
 def test_every_row_is_a_real_member_of_botocores_model_and_a_real_field():
     for path, member in MEMBERS.items():
-        default_at(path)  # KeyError for a field the schema does not have
+        default_at(path, Config)  # KeyError for a field the schema does not have
         member_shape(member)  # KeyError for a member the service model does not have
 
 
@@ -76,7 +76,7 @@ def test_every_field_of_the_aws_bound_sections_has_a_row_or_says_where_it_is_che
 
 @pytest.mark.parametrize("path", sorted(MEMBERS))
 def test_every_default_is_what_aws_takes(path):
-    default = default_at(path)
+    default = default_at(path, Config)
     if default not in (None, [], {}):  # unset or empty: not sent
         assert member_problem(path, MEMBERS[path], default) is None
 

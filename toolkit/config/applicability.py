@@ -137,13 +137,12 @@ def value_at(config: Any, path: str) -> Any:
     return node
 
 
-def default_at(path: str) -> Any:
-    """The schema's default of the field at a dotted path."""
+def default_at(path: str, schema: type) -> Any:
+    """The default of the field at a dotted path of `schema` (the Config class: passed in, so that the schema's
+    module imports this one and not the other way round)."""
     from pydantic import BaseModel
 
-    from toolkit.config.models import Config
-
-    model: Any = Config
+    model: Any = schema
     field = None
     for part in path.split("."):
         field = model.model_fields[part]
@@ -160,7 +159,7 @@ def refuse_inapplicable(config: Config) -> None:
         if scope.on is None:
             continue
         value = value_at(config, path)
-        scoped = scope.when(value) if scope.when else value != default_at(path)
+        scoped = scope.when(value) if scope.when else value != default_at(path, type(config))
         if value is None or not scoped:
             continue
         current = value_at(config, scope.on)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolkit.config.applicability import default_at, value_at
 from toolkit.errors import brief
 
 if TYPE_CHECKING:
@@ -207,15 +208,13 @@ def member_problem(path: str, member: Member, value: Any) -> str | None:
 
 def refuse_what_aws_refuses(config: Config) -> None:
     """ValueError naming the first set value its request member refuses."""
-    from toolkit.config.applicability import default_at, value_at
-
     try:
         import botocore  # noqa: F401
     except ImportError:
         return
     for path, member in MEMBERS.items():
         value = value_at(config, path)
-        if value is None or value == default_at(path) or value in ([], {}):  # unset, or nothing sent
+        if value is None or value == default_at(path, type(config)) or value in ([], {}):  # unset, or nothing sent
             continue
         problem = member_problem(path, member, value)
         if problem:

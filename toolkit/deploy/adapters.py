@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import tarfile
 import tempfile
 import time
@@ -31,19 +30,19 @@ from toolkit import aws
 from toolkit.config import Config
 from toolkit.config.names import sagemaker_name_problem
 from toolkit.deploy import DeployError, DeployInputError, Refused, vllm_environment
-from toolkit.deploy.endpoint import VARIANT, Endpoints, EndpointState, Request, _digest, production_variant
+from toolkit.deploy.endpoint import (
+    VARIANT,
+    Endpoints,
+    EndpointState,
+    Request,
+    _digest,
+    endpoint_name,
+    production_variant,
+)
 
 COMPONENT_BUSY = {"Creating", "Updating", "Deleting"}
 ARCHIVE = "adapter.tar.gz"
 MULTIPART_BYTES = 64 * 1024 * 1024  # the archive's upload goes in parts of this size above it (S3: 5 MiB-5 GiB each)
-
-
-def endpoint_name(config: Config) -> str:
-    """serving.endpoint_name, else one endpoint per base model: every fine-tune of model.id shares it."""
-    if config.serving.endpoint_name:
-        return config.serving.endpoint_name
-    base = config.model.id.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]
-    return re.sub(r"[^a-zA-Z0-9]+", "-", base).strip("-")[:47].strip("-") + "-lora"
 
 
 def base_component_name(endpoint: str) -> str:

@@ -9,6 +9,7 @@ endpoint deleted with its config and model, an update rolled back to the config 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,21 +42,14 @@ class EndpointState:
 
 
 def endpoint_name(config: Config) -> str:
-    if config.serving.weights == "adapter":
-        from toolkit.deploy.adapters import endpoint_name as shared_by_the_base
-
-        return shared_by_the_base(config)
-    return config.serving.endpoint_name or config.name
-
-
-def for_config(config: Config) -> Endpoints:
-    """The config's endpoint: its own model (serving.weights: merged), or an adapter component on a base
-    inference component shared by every fine-tune of the base (serving.weights: adapter)."""
-    if config.serving.weights == "adapter":
-        from toolkit.deploy.adapters import AdapterEndpoints
-
-        return AdapterEndpoints(config)
-    return Endpoints(config)
+    """serving.endpoint_name, else the config's own (merged weights) or, for an adapter, one endpoint per base
+    model that every fine-tune of model.id shares."""
+    if config.serving.endpoint_name:
+        return config.serving.endpoint_name
+    if config.serving.weights != "adapter":
+        return config.name
+    base = config.model.id.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]
+    return re.sub(r"[^a-zA-Z0-9]+", "-", base).strip("-")[:47].strip("-") + "-lora"
 
 
 class Endpoints:

@@ -26,6 +26,7 @@ from typing import Any
 
 from toolkit.errors import Failed
 from toolkit.evaluate import EvalInputError
+from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.resources import HERE as RESOURCES
 
 LM_EVAL_VERSION = "0.4.13"  # the `eval` extra pins lm_eval[api] to this one (tests/toolkit/test_benchmarks.py)
@@ -178,8 +179,6 @@ def _first_reply(sample: dict[str, Any]) -> str:
 
 def compare(by_model: dict[str, list[TaskResult]], baseline: str, candidate: str) -> dict[str, Any]:
     """Per task and metric: both models' scores, the paired per-document difference and its bootstrap CI."""
-    from toolkit.evaluate.report import bootstrap_interval
-
     tasks: dict[str, Any] = {}
     base = {r.task: r for r in by_model.get(baseline, [])}
     tuned = {r.task: r for r in by_model.get(candidate, [])}

@@ -4,26 +4,14 @@ rows named; written as report.json, report.md and PNG charts (matplotlib, import
 from __future__ import annotations
 
 import json
-import random
 import statistics
 from pathlib import Path
 from typing import Any
 
+from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRICS, format_problems, score
 
 REPORT_FILE = "report.json"  # what `toolkit register` reads (and attaches to the model package)
-BOOTSTRAP_SAMPLES = 2000
-CONFIDENCE = 0.95
-
-
-def bootstrap_interval(differences: list[float], seed: int = 0) -> tuple[float, float] | None:
-    """The CONFIDENCE interval of the mean paired difference, by resampling rows (None for fewer than two)."""
-    if len(differences) < 2:
-        return None
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(differences, k=len(differences))) for _ in range(BOOTSTRAP_SAMPLES))
-    tail = (1 - CONFIDENCE) / 2
-    return means[int(tail * BOOTSTRAP_SAMPLES)], means[int((1 - tail) * BOOTSTRAP_SAMPLES) - 1]
 
 
 def build(
