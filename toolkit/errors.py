@@ -101,6 +101,24 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
     return _classify_cloud(exc)
 
 
+SERVICE_TEXT_CHARS = 300  # a service's error message is cut to this (a proxy's or an emulator's page is not a line)
+
+
+def service_text(text: str) -> str:
+    """A service's error message as one line: an HTML error page (a proxy, a load balancer, an emulator's crash)
+    reduced to its title and text, whitespace collapsed, cut to SERVICE_TEXT_CHARS."""
+    import html
+    import re
+
+    if re.search(r"<\s*(!doctype|html|body|h1|title)\b", text, re.IGNORECASE):
+        title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        body = re.sub(r"<(script|style|head)[^>]*>.*?</\1>", " ", text, flags=re.IGNORECASE | re.DOTALL)
+        text = " ".join(filter(None, [title.group(1) if title else "", re.sub(r"<[^>]+>", " ", body)]))
+        text = "an HTML page, not an AWS error: " + html.unescape(text)
+    line = " ".join(text.split())
+    return line if len(line) <= SERVICE_TEXT_CHARS else line[: SERVICE_TEXT_CHARS - 3] + "..."
+
+
 def _classify_cloud(exc: BaseException) -> tuple[int, str] | None:
     try:
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
@@ -111,7 +129,7 @@ def _classify_cloud(exc: BaseException) -> tuple[int, str] | None:
         code = str(error.get("Code", "ClientError"))
         operation = getattr(exc, "operation_name", "") or "the AWS call"
         resource = error.get("BucketName") or error.get("Key") or ""
-        message = f"{operation} failed: {code}: {error.get('Message') or exc}"
+        message = f"{operation} failed: {code}: {service_text(str(error.get('Message') or exc))}"
         message += f" ({resource})" if resource else ""
         message += f"; {HINTS[code]}" if code in HINTS else ""
         return (BAD_INPUT if code in MISSING_OR_INVALID else FAILED), message

@@ -71,6 +71,49 @@ def test_closed_port_is_one_line_and_exit_2(tmp_path):
         one_line_error(toolkit(*verb, env=env, cwd=tmp_path), 2, "cannot reach")
 
 
+ERROR_PAGE = (
+    b"<!DOCTYPE HTML PUBLIC>\n<html><head><title>500 Internal Server Error</title></head>\n<body><h1>"
+    b"Internal Server Error</h1><p>The server encountered an internal error.</p></body></html>"
+)
+
+
+def test_an_html_error_page_from_the_aws_endpoint_is_one_line(tmp_path):
+    """A proxy, a load balancer or an emulator that crashed answers with an HTML page, which botocore hands on as
+    the error's message: printed as it was, it was a page of markup. A real HTTP server on loopback serves it."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.send_response(500)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(ERROR_PAGE)))
+            self.end_headers()
+            self.wfile.write(ERROR_PAGE)
+
+        do_GET = do_POST = do_PUT = do_HEAD = _answer
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = tmp_path / "job.yaml"
+    config.write_text("base: gpt-oss-20b-lora\naws: {role: 'arn:aws:iam::123456789012:role/x', bucket: toolkit-b, "
+                      f"endpoint_url: 'http://127.0.0.1:{server.server_port}'}}\n")  # fmt: skip
+    env = {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_MAX_ATTEMPTS": "1"}  # fmt: skip
+    try:
+        for verb in (["endpoint", "describe", "-c", str(config)], ["jobs", "list", "-c", str(config), "--target",
+                                                                   "training-job"]):  # fmt: skip
+            result = toolkit(*verb, env=env, cwd=tmp_path)
+            one_line_error(result, 1, "an HTML page, not an AWS error: 500 Internal Server Error")
+            error = next(line for line in result.stderr.splitlines() if line.startswith("error:"))
+            assert "<" not in error and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.integration
 def test_missing_bucket_and_missing_job_on_the_emulator(aws_env, tmp_path):
     config = tmp_path / "job.yaml"
