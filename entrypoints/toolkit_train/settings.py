@@ -71,6 +71,23 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+NAME_MAX_BYTES = 255  # the longest file name (one path component) Linux file systems and S3 tools take
+
+
+def _nameable(field: str, value: str) -> str:
+    """A path, URI or hub id that could name something: no component longer than a file name may be (the OS
+    refuses it before anything is read), no control characters (a pasted newline)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{field}: {value[:60]!r} holds a control character (a pasted newline?): remove it")
+    longest = max(value.split("/"), key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_MAX_BYTES:
+        raise ValueError(
+            f"{field}: a path component of {len(longest.encode())} bytes ({longest[:40]}...) is no file name, "
+            f"directory or hub id (at most {NAME_MAX_BYTES} bytes each): give a path, an s3:// URI or a hub id"
+        )
+    return value
+
+
 class ModelSettings(StrictModel):
     """The base model to fine-tune."""
 
@@ -136,6 +153,7 @@ class ModelSettings(StrictModel):
 
     @model_validator(mode="after")
     def _gpt_oss_attention(self) -> ModelSettings:
+        _nameable("model.id", self.id)
         if self.id.startswith(BUILTIN_PREFIX) and self.id not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {self.id!r}; builtins: {', '.join(BUILTIN_MODELS)}")
         allowed = self.family.attention_kernels
@@ -173,6 +191,8 @@ class EvalSplit(StrictModel):
             )
         if self.source is not None and not self.source.strip():
             raise ValueError("data.eval.source is empty: name a file, directory or hub dataset of held-out rows")
+        if self.source is not None:
+            _nameable("data.eval.source", self.source)
         return self
 
 
@@ -219,7 +239,7 @@ class DataSettings(StrictModel):
             raise ValueError(
                 f"data.source is empty: name a file, directory, s3:// URI, hub dataset or {SAMPLE_DATASET}"
             )
-        return value
+        return _nameable("data.source", value)
 
 
 class LoraSettings(StrictModel):

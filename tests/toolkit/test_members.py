@@ -112,3 +112,59 @@ def test_refused_through_the_cli_in_one_line_with_exit_2():
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output
     assert "training_job.tags: 'a|b' does not match AWS's pattern" in output and "CreateTrainingJob Tags" in output
+
+
+def _text_fields(model: type, prefix: str = ""):
+    """(dotted path) of every text setting of the schema, nested sections included."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        nested = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        for section in nested:
+            yield from _text_fields(section, f"{prefix}{name}.")
+        is_text = field.annotation is str or (
+            typing.get_origin(field.annotation) in (typing.Union, types.UnionType) and str in args
+        )
+        if is_text and not nested:
+            yield f"{prefix}{name}"
+
+
+def test_every_text_setting_at_a_length_aws_refuses_is_refused_or_reaches_a_valid_training_job_request():
+    """The walk, not a list: each text setting of every section set to 3,000 characters. Either the config check
+    refuses it (naming the field), or the training job's rendered CreateTrainingJob request (offline, SageMaker SDK
+    v3) passes botocore's model with AWS's own maxima and patterns. Training settings travel as hyperparameters
+    (2,500 characters each), paths as channels: a value nobody thought of is caught by where it lands."""
+    import json
+
+    from tests.botocore_model import assert_valid
+    from toolkit.config.loader import validate
+    from toolkit.targets.training_job import TrainingJobTarget
+
+    base = load_config("gpt-oss-20b-lora", ["target=training-job", "aws.role=arn:aws:iam::123456789012:role/x",
+                                            "aws.bucket=toolkit-b"]).model_dump()  # fmt: skip
+    walked, refused = 0, []
+    for path in _text_fields(Config):
+        raw = json.loads(json.dumps(base))
+        *sections, name = path.split(".")
+        node = raw
+        for section in sections:
+            if node.get(section) is None:  # an unset section: set with this one value
+                node[section] = {}
+            node = node[section]
+        node[name] = "a" * 3000
+        try:
+            config = validate(raw, "walk")
+        except ConfigError as exc:
+            parts = path.split(".")
+            named = [".".join(parts[:n]) for n in range(len(parts), min(2, len(parts)) - 1, -1)]  # it, or its section
+            assert any(name in str(exc) for name in named), f"{path}: refused without naming it: {exc}"
+            refused.append(path)
+            continue
+        request = json.loads(json.dumps(TrainingJobTarget()._request(config, dry_run=True), default=str))
+        assert_valid("sagemaker", "CreateTrainingJob", request)
+        walked += 1
+    assert walked > 0 and {"model.id", "data.source", "data.split", "training_job.image_uri"} <= set(refused), refused

@@ -206,12 +206,36 @@ def member_problem(path: str, member: Member, value: Any) -> str | None:
     return f"{path}: {problem} ({member.operation} {member.path}); give a value AWS accepts"
 
 
+# Every training setting reaches a training job as a hyperparameter (toolkit_train.settings.to_hyperparameters: the
+# setting's dotted path -> its value as text), so each must fit this map's key and value rules (2,500 characters).
+HYPERPARAMETERS = Member(*_TRAIN, "HyperParameters")
+
+
+def hyperparameter_problem(config: Config) -> str | None:
+    """What CreateTrainingJob would refuse in the hyperparameters a training job of this config carries."""
+    from toolkit_train.settings import to_hyperparameters
+
+    sent = to_hyperparameters(config.train_settings())
+    shape = member_shape(HYPERPARAMETERS)
+    if len(sent) > shape.metadata.get("max", len(sent)):
+        most = shape.metadata["max"]
+        return f"the training settings make {len(sent)} hyperparameters, where a training job takes {most}"
+    for key, value in sent.items():
+        problem = shape_problem(shape.key, key) or shape_problem(shape.value, value)
+        if problem:
+            return (f"{key}: {problem} (CreateTrainingJob HyperParameters: a training job receives every training "
+                    "setting as one); give a shorter value")  # fmt: skip
+    return None
+
+
 def refuse_what_aws_refuses(config: Config) -> None:
     """ValueError naming the first set value its request member refuses."""
     try:
         import botocore  # noqa: F401
     except ImportError:
         return
+    if config.target == "training-job" and (problem := hyperparameter_problem(config)):
+        raise ValueError(problem)
     for path, member in MEMBERS.items():
         value = value_at(config, path)
         if value is None or value == default_at(path, type(config)) or value in ([], {}):  # unset, or nothing sent

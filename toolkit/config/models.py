@@ -195,6 +195,13 @@ class AwsSettings(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> AwsSettings:
+        if self.endpoint_url is not None and not re.fullmatch(
+            r"https?://[^\s/:]+(:\d{1,5})?(/\S*)?", self.endpoint_url
+        ):
+            raise ValueError(
+                f"aws.endpoint_url: {brief(self.endpoint_url)} is not an http(s):// URL (e.g. http://127.0.0.1:5000): "
+                "fix it, or remove it to reach AWS"
+            )
         if self.role and not re.fullmatch(r"arn:aws[\w-]*:iam::\d{12}:role/.+", self.role):
             raise ValueError("aws.role must be an IAM role ARN like arn:aws:iam::123456789012:role/Name")
         problem = region_problem(self.region)
