@@ -303,6 +303,8 @@ def train(
         emit_json(state)
         raise typer.Exit(0 if state.status.value == "Completed" else 1)
     if state.status.value == "Completed":
+        if state.detail:  # what trained, where the target records it
+            out.print(state.detail, highlight=False, markup=False)
         for kind, where in state.artifacts.items():
             out.print(f"[green]{kind}:[/] {where}", highlight=False)
         return

@@ -9,6 +9,9 @@ import signal
 from pathlib import Path
 
 FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
+# Tests only (tests/toolkit_train/test_trained.py): the trainable parameters whose names match this regex get a zero
+# gradient, as when a kernel's backward does not reach an adapter; the run must fail naming their group.
+NO_GRADIENT_ENV = "TOOLKIT_TEST_NO_GRADIENT"
 
 
 def fault_point(moment: str) -> None:
@@ -34,3 +37,15 @@ def _group_members(group: int) -> set[int]:
             if int(stat.read_text().rsplit(")", 1)[1].split()[2]) == group:
                 members.add(int(stat.parent.name))
     return members
+
+
+def starve_for_test(model) -> None:
+    """Zero the gradient of the trainable parameters NO_GRADIENT_ENV names (nothing when it is unset)."""
+    import re
+
+    pattern = os.environ.get(NO_GRADIENT_ENV)
+    if not pattern:
+        return
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and re.search(pattern, name):
+            parameter.register_hook(lambda grad: grad * 0)

@@ -34,8 +34,8 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __package__ = "toolkit_train"
     __import__(__package__)
 
-from . import checkpoints
-from .faults import FAULT_POINT_ENV, fault_point
+from . import checkpoints, trained
+from .faults import FAULT_POINT_ENV, fault_point, starve_for_test
 from .metrics import format_metrics
 from .settings import (
     AWS_REGION_ENV,
@@ -399,7 +399,21 @@ def callbacks(settings: TrainSettings):
             world = os.environ.get("WORLD_SIZE", "1")
             print(f"{HOST_PEAK_PREFIX}{peak:.3f} GiB (rank {rank()} of {world}, model loaded and prepared)", flush=True)
 
-    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit), HostMemory()]
+    class WhatTrained(TrainerCallback):
+        """trained.Measure over the run: started once the model is prepared, fed before each optimizer step."""
+
+        def __init__(self) -> None:
+            self.measure: trained.Measure | None = None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.measure = trained.Measure(model, sharded=settings.training.distributed == "fsdp")
+            self.measure.first_step = state.global_step  # a resumed run measures from its checkpoint
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if self.measure is not None:
+                self.measure.gradient()
+
+    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit), HostMemory(), WhatTrained()]
     return [*hooks, FaultPoints()] if os.environ.get(FAULT_POINT_ENV) else hooks
 
 
@@ -604,8 +618,10 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
-    if use_compiled_layers(settings):
-        log(f"compiling {compile_decoder_layers(model)} decoder layers (torch.compile; the first steps are slower)")
+    compiled = compile_decoder_layers(model) if use_compiled_layers(settings) else 0
+    if compiled:
+        log(f"compiling {compiled} decoder layers (torch.compile; the first steps are slower)")
+    starve_for_test(model)
     hooks = callbacks(settings)
     if settings.training.mlflow is not None:
         hooks.append(report_to_mlflow(settings, paths))
@@ -655,6 +671,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         return EXIT_INTERRUPTED
     if settings.training.distributed == "ddp":
         check_ranks_agree(model)
+    what_trained = check_what_trained(settings, paths, hooks, model, compiled)  # every rank; before anything is saved
     final_eval = trainer.evaluate() if eval_dataset is not None else {}  # every rank takes part
     adapter_dir = paths.model_dir / "adapter"
     if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
@@ -675,9 +692,39 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         "log_history": trainer.state.log_history,
         "seconds": round(time.monotonic() - started, 1),
         "peak_gpu_memory_gb": peak_gb,
+        "trained": what_trained,
     }
     del trainer, model
     return write_outputs(settings, paths, tokenizer, summary)
+
+
+class NothingTrained(RuntimeError):
+    """A configured adapter group that no gradient reached: the run would save it as it started."""
+
+
+def check_what_trained(settings: TrainSettings, paths: Paths, hooks: list, model, compiled: int) -> dict[str, Any]:
+    """What trained (toolkit_train/trained.py), logged and returned for run.json; NothingTrained naming each
+    group no gradient reached (exit 1 through main's failure record), before the adapter is saved or merged. This
+    session's checkpoints are set aside then: the same command must not finish the run from them unchecked."""
+    measure = next(hook.measure for hook in hooks if hasattr(hook, "measure"))
+    if measure is None:  # no optimizer step ran in this session
+        return {}
+    summary = {**measure.summary(), "paths": trained.paths_that_ran(model, settings, compiled)}
+    log(trained.line(summary, summary["paths"]))
+    starved = trained.starved(summary)
+    if starved:
+        if rank() == 0:
+            found = paths.checkpoints.glob("checkpoint-*") if paths.checkpoints.is_dir() else []
+            ours = [c for c in found if (checkpoints.step_of(c) or 0) > measure.first_step]
+            checkpoints.set_aside([checkpoints.Skipped(c, "trained with an adapter group no gradient reached")
+                                   for c in ours])  # fmt: skip
+        barrier()
+        raise NothingTrained(
+            f"{'; '.join(starved)} received no gradient in {summary['optimizer_steps']} optimizer steps: the "
+            "adapter would be saved as it started, so nothing was saved or merged. Check lora.target_modules / "
+            "lora.target_parameters against the model's modules and model.experts_implementation"
+        )
+    return summary
 
 
 def peak_gpu_memory_gb() -> float | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit_train import trained
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
@@ -116,7 +117,7 @@ class LocalJob(Job):
         if code not in (None, 0):
             return JobState(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
         if (self.root / "model" / "run.json").exists():
-            return JobState(self.name, Status.COMPLETED, artifacts=self.artifacts())
+            return JobState(self.name, Status.COMPLETED, _what_trained(self.root), artifacts=self.artifacts())
         if settings_file(self.root).exists():  # started, and every process of it is gone without an outcome
             return JobState(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
         return JobState(self.name, Status.PENDING)
@@ -279,6 +280,15 @@ class LocalTarget(Target):
         stage_code(root / "code", config)
         for name, source in config.data.channels().items():
             place_train_channel(source, root, copy=False, name=name)
+
+
+def _what_trained(root: Path) -> str:
+    """The run record's line of what trained (toolkit_train/trained.py); empty for a run recorded without one."""
+    try:
+        summary = json.loads((root / "model" / "run.json").read_text()).get("trained") or {}
+    except (OSError, ValueError):
+        return ""
+    return trained.line(summary, summary.get("paths", {})) if summary.get("groups") is not None else ""
 
 
 LOW_DISK_BYTES = 64 * 2**20  # less free space than this where a run ended without a record: the disk filled up
