@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,20 @@ def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").exists():
+            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 2 minutes "
+                      "on a laptop CPU)")  # fmt: skip
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
             _build(staging, mxfp4, tools=tools)
             staging.rename(target)
     return target
+
+
+PROGRESS_EVERY = 50  # pre-training steps between progress lines (a build takes minutes: it must show it lives)
+
+
+def _progress(message: str) -> None:
+    """A line on stderr: the CLI's table and JSON on stdout stay clean; a job's log keeps it."""
+    print(f"[toolkit] tiny model: {message}", file=sys.stderr, flush=True)
 
 
 def build_tokenizer():
@@ -254,6 +265,8 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        if (step + 1) % PROGRESS_EVERY == 0:
+            _progress(f"pre-training step {step + 1}/{steps}, loss {loss.item():.2f}")
     with torch.no_grad():
         unused = torch.ones(len(tokenizer), dtype=torch.bool)
         unused[used] = False
