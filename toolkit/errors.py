@@ -39,13 +39,14 @@ def unwritable(
     failed: type[Exception] = WriteFailed,
     outcome: str = "nothing half-written was kept",
 ) -> Exception:
-    """The one line for a write that failed: bad input (exit 2, `bad`) when it is the path's permissions or a
-    read-only file system, a failed operation (exit 1, `failed`) otherwise (a full disk). `setting`: where the
+    """The one line for a write that failed: bad input (exit 2, `bad`) when it is the path (permissions, a read-only
+    file system, a file where a directory must be, a name too long), a failed operation (exit 1, `failed`) otherwise
+    (a full disk). `setting`: where the
     user chose the path (a config field or an option); `outcome`: what the failure left."""
     import errno
 
     path = exc.filename or where
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG):
         return bad(f"{setting}: cannot write {path} ({exc.strerror}): choose a directory you can write")
     return failed(f"cannot write {path} ({exc.strerror}); {outcome}")
 

@@ -108,8 +108,13 @@ def _prepared_tokens(cfg: Config, directory: Path, own_source: bool) -> tuple[tu
     if made is None:
         return None, ""
     stale = prepared.differences(made, cfg.data, cfg.model)
-    if not own_source and made.get("source") != cfg.data.source:
+    held_out = cfg.data.eval.model_dump(mode="json") if cfg.data.eval is not None else None
+    if made.get("eval") != held_out:  # the held-out share is counted apart (or not at all) with another data.eval
+        stale.append(f"data.eval (prepared with {made.get('eval')}, this config: {held_out})")
+    if not own_source and made.get("source") != prepared.canonical(cfg.data.source):
         stale.append(f"data.source (prepared from {made.get('source')!r})")
+    elif not own_source and made.get("split") != cfg.data.split:
+        stale.append(f"data.split (prepared from split {made.get('split')!r})")
     elif not own_source and made.get("source_sha256") != prepared.source_digest(cfg.data.source):
         stale.append(f"the content of {cfg.data.source} (changed since it was prepared)")
     if stale:

@@ -102,10 +102,12 @@ def prepare_data(
     from toolkit import aws
 
     cfg = _as_config(config, overrides)
-    destination = str(output) if output else str(run_home(cfg.name) / "prepared")
+    destination = str(output) if output is not None else str(run_home(cfg.name) / "prepared")
+    if not destination.strip() or (destination.startswith("s3:") and not destination.startswith("s3://")):
+        raise errors.CannotWrite(f"--output: {destination!r} is neither a directory nor an s3:// URI: name one")
     report = PrepareReport()
     tokenizer = load_tokenizer(cfg.model)
-    prepared.sealed(Path(cfg.data.source))  # a prepared source is read only when complete
+    prepared.check(Path(cfg.data.source), cfg.data, cfg.model)  # a prepared source: complete, of these settings
     rows = load_rows(cfg.data.source, cfg.data.split)
     dataset = prepare(rows, tokenizer, cfg.data, report)  # every row: training holds data.eval's rows out itself
     summary = {**report.summary(), **_held_out_apart(cfg, rows, tokenizer, report)}
@@ -157,7 +159,7 @@ def train(
 
     cfg = _as_config(config, overrides, target)
     if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
-        prepared.for_training(Path(cfg.data.source), cfg.data, cfg.model)
+        prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
     if preflight and cfg.target == "training-job":
         limits.preflight(cfg, on_note)
     return get_target(cfg.target).submit(cfg, fresh=fresh)

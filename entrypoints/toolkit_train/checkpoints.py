@@ -87,6 +87,8 @@ def problem(checkpoint: Path, by_content: bool = True) -> str | None:
     try:
         record = json.loads((checkpoint / SEAL).read_text())
         sizes, digests = record["files"], record.get("sha256", {}) if by_content else {}
+        if not (isinstance(sizes, dict) and sizes and isinstance(digests, dict)):
+            raise TypeError("it lists no files")
     except FileNotFoundError:
         return "its save did not finish (no completion record)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

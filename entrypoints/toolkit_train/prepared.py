@@ -10,6 +10,7 @@ settings; plan uses its statistics only while the source and settings still matc
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import shutil
@@ -59,31 +60,49 @@ def source_digest(source: str) -> str | None:
     return digest.hexdigest()
 
 
+def canonical(source: str) -> str:
+    """A local source by its absolute path (the same file however a config spells it); others as written."""
+    try:
+        return str(Path(source).resolve()) if Path(source).exists() else source
+    except OSError:
+        return source
+
+
 def record(source: str, split: str, data: DataSettings, model: ModelSettings, stats: dict) -> dict[str, Any]:
-    """What the seal of a dataset prepared from `source` says about it."""
-    return {"source": source, "split": split, "source_sha256": source_digest(source),
-            "settings": identity(data, model), "stats": stats}  # fmt: skip
+    """What the seal of a dataset prepared from `source` says about it (data.eval too: the statistics hold its
+    held-out share apart)."""
+    held_out = data.eval.model_dump(mode="json") if data.eval is not None else None
+    return {"source": canonical(source), "split": split, "source_sha256": source_digest(source),
+            "settings": identity(data, model), "eval": held_out, "stats": stats}  # fmt: skip
 
 
 def save(dataset: Any, destination: Path, about_it: dict[str, Any]) -> None:
-    """Write, seal, then rename into place (replacing an earlier prepared dataset there, never anything else)."""
-    destination = Path(destination)
+    """Write, seal, then rename into place (replacing an earlier prepared dataset there, never anything else). A
+    symbolic link is written through (its target is replaced); an OSError names the destination, never the hidden
+    sibling, and leaves the earlier dataset where it was."""
+    destination = Path(destination).resolve()  # `.` and links: the directory they name
     _refuse_foreign(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(destination)
     staging = _sibling(destination, _STAGING, os.getpid())
+    replaced = _sibling(destination, _REPLACED, os.getpid())
+    moved = False
     try:
         dataset.save_to_disk(str(staging))
         fault_point("prepare-written")
         seal(staging, about_it)
-    except BaseException:
+        if destination.exists():
+            destination.rename(replaced)
+            moved = True
+            fault_point("prepare-replaced")  # the old one aside, the new one not yet in place: neither is read
+        staging.rename(destination)
+    except BaseException as exc:
+        if moved and not destination.exists():
+            replaced.rename(destination)  # the earlier dataset back where it was
         shutil.rmtree(staging, ignore_errors=True)  # a full disk or a Ctrl-C leaves nothing half-written behind
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror, str(destination)) from None
         raise
-    replaced = _sibling(destination, _REPLACED, os.getpid())
-    if destination.exists():
-        destination.rename(replaced)
-        fault_point("prepare-replaced")  # the old one aside, the new one not yet in place: neither is read
-    staging.rename(destination)
     shutil.rmtree(replaced, ignore_errors=True)
 
 
@@ -114,9 +133,10 @@ def differences(prepared: dict[str, Any], data: DataSettings, model: ModelSettin
             for key, value in identity(data, model).items() if was.get(key) != value]  # fmt: skip
 
 
-def for_training(directory: Path, data: DataSettings, model: ModelSettings) -> dict[str, Any] | None:
-    """A prepared dataset's record, checked by content and against the config's settings (its tokens must be what
-    the config says); None for a source the toolkit did not prepare."""
+def check(directory: Path, data: DataSettings, model: ModelSettings) -> dict[str, Any] | None:
+    """A prepared dataset's record, checked by content and against the config's settings before it is trained on
+    or prepared again (its tokens pass through as they are: they must be what the config says); None for a source
+    the toolkit did not prepare."""
     directory = Path(directory).resolve()  # a local run's channel links to the user's directory: name that
     prepared = sealed(directory)
     differ = differences(prepared, data, model) if prepared is not None else []
@@ -129,6 +149,12 @@ def for_training(directory: Path, data: DataSettings, model: ModelSettings) -> d
 
 
 def _refuse_foreign(destination: Path) -> None:
+    here = Path.cwd().resolve()
+    if destination == here or destination in here.parents:  # replaced, it would leave the shell in a deleted dir
+        raise DataError(
+            f"{destination}: is the current directory (or holds it), which preparing would replace: name a "
+            "directory inside it (--output prepared)"
+        )
     if not destination.exists():
         return
     ours = destination.is_dir() and (
@@ -150,7 +176,7 @@ def _sibling(destination: Path, kind: str, pid: int) -> Path:
 def _remove_leftovers(destination: Path) -> None:
     """What a killed prepare left beside the destination (its process is gone): removed, never read."""
     for kind in (_STAGING, _REPLACED):
-        for path in destination.parent.glob(f".{destination.name}.{kind}-*"):
+        for path in destination.parent.glob(f".{glob.escape(destination.name)}.{kind}-*"):
             pid = path.name.rpartition("-")[2]
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)

@@ -71,6 +71,7 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+EXPLICIT_PATH = ("/", "./", "../", "~")  # a model or data source spelled so is a local path, never a hub id
 NAME_MAX_BYTES = 255  # the longest file name (one path component) Linux file systems and S3 tools take
 
 
@@ -140,7 +141,7 @@ class ModelSettings(StrictModel):
     @property
     def is_path(self) -> bool:
         """A directory (absolute, relative or ~), not a hub id."""
-        return self.id.startswith(("/", "./", "../", "~"))
+        return self.id.startswith(EXPLICIT_PATH)
 
     def missing_here(self) -> str | None:
         """What is wrong when model.id is a directory that this machine does not have; None otherwise."""

@@ -179,7 +179,7 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     from .data import PrepareReport, load_rows, prepare, split_rows
 
     source = data_source(settings, paths)
-    made = prepared.for_training(Path(source), settings.data, settings.model)
+    made = prepared.check(Path(source), settings.data, settings.model)
     if made is not None:  # say which: a prepared dataset is trained on as it was sealed, from its own source
         log(f"data {source}: a prepared dataset, complete, prepared from {made.get('source')} with these settings")
     rows, held_out = split_rows(load_rows(source, settings.data.split), settings.data, eval_source(settings, paths))

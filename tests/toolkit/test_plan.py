@@ -108,6 +108,8 @@ def test_tokens_come_from_data_prepare_statistics_while_they_describe_this_confi
     assert stale.data_tokens is None and "data.max_length (prepared with 2048, this config: 4096)" in (
         stale.data_tokens_source
     )
+    held_out = sdk.plan(load_config("gpt-oss-20b-lora", ["data.eval.fraction=0.25"]), online=False)
+    assert held_out.data_tokens is None and "data.eval (prepared with None" in held_out.data_tokens_source
     (directory / checkpoints.SEAL).unlink()
     (directory / prepared.UNSEALED_STATS).write_text(json.dumps(stats))  # an interrupted (older) prepare
     unsealed = sdk.plan(cfg, online=False)

@@ -40,8 +40,9 @@ def last_line(result: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture
 def old_dataset(tmp_path, tiny_model_path) -> Path:
-    """The sample (24 rows) prepared once into tmp_path/prepared, in-process."""
-    destination = tmp_path / "prepared"
+    """The sample (24 rows) prepared once into tmp_path/prepared[1], in-process (a glob character in the name: what
+    a killed prepare leaves beside it must still be found and removed)."""
+    destination = tmp_path / "prepared[1]"
     sdk.prepare_data(CONFIG, destination)
     return destination
 
@@ -115,3 +116,53 @@ def test_a_seal_records_the_source_digest_and_the_settings_that_shape_the_tokens
     assert prepared.source_digest(str(edited)) == before
     edited.write_text(SAMPLE_PATH.read_text().replace("French", "German", 1))  # the same rows count, edited
     assert prepared.source_digest(str(edited)) != before  # plan's statistics of it are stale now
+
+
+def test_re_preparing_a_prepared_dataset_keeps_its_settings_or_is_refused(tmp_path, old_dataset):
+    """A prepared source's tokens pass through as they are: a seal claiming other settings for them would be a
+    lie that training then trusts."""
+    from toolkit_train.data import DataError
+
+    with pytest.raises(DataError, match=r"data.loss_on \(prepared with 'assistant', this config: 'all'\)"):
+        sdk.prepare_data(CONFIG, tmp_path / "again", [f"data.source={old_dataset}", "data.loss_on=all"])
+    assert not (tmp_path / "again").exists()
+    same = sdk.prepare_data(CONFIG, tmp_path / "again", [f"data.source={old_dataset}"])
+    assert same["tokens"] == prepared.sealed(old_dataset)["stats"]["tokens"]
+
+
+def test_outputs_by_any_spelling_land_where_they_name_and_bad_ones_are_one_line(tmp_path, old_dataset, monkeypatch):
+    from toolkit_train.data import DataError
+
+    from toolkit.errors import BadInput
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    sdk.prepare_data(CONFIG, tmp_path / "link")  # written through the link: the link stays, its target is the data
+    assert (tmp_path / "link").is_symlink() and prepared.sealed(target) is not None
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(DataError, match="is the current directory"):  # replacing it would pull the shell's floor
+        sdk.prepare_data(CONFIG, ".")
+    sdk.prepare_data(CONFIG, "./prepared")
+    assert prepared.sealed(here / "prepared") is not None
+    assert [p.name for p in [*tmp_path.iterdir(), *here.iterdir()] if p.name.startswith(".")] == []
+    (tmp_path / "afile").write_text("x")
+    for output, said in ((str(tmp_path / "afile" / "sub"), "cannot write .*afile"), ("s3:/bucket", "s3:// URI"),
+                         ("", "neither a directory")):  # fmt: skip
+        with pytest.raises(BadInput, match=said):
+            sdk.prepare_data(CONFIG, output)
+    seal = old_dataset / SEAL
+    seal.write_text(json.dumps({"files": []}))  # valid JSON, no record
+    with pytest.raises(Exception, match="completion record toolkit-complete.json is unreadable"):
+        prepared.sealed(old_dataset)
+
+
+def test_a_data_source_path_that_does_not_exist_is_refused_before_launching(tmp_path):
+    run_dir = tmp_path / "run"
+    result = toolkit("train", CONFIG, "--set", f"data.source={tmp_path / 'missing.jsonl'}", "--set",
+                     f"local.output_dir={run_dir}", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "data.source: " in last_line(result) and "does not exist on this machine" in last_line(result)
+    assert not (run_dir / "output" / "train.log").exists()  # nothing launched

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from toolkit_train.settings import failure_elsewhere, to_hyperparameters, trajectory
+from toolkit_train.settings import EXPLICIT_PATH, failure_elsewhere, to_hyperparameters, trajectory
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
@@ -177,6 +177,12 @@ def place_train_channel(source: str, root: Path, copy: bool, name: str = "train"
     elif channel.exists():
         shutil.rmtree(channel)
     path = Path(source)
+    if source.startswith(EXPLICIT_PATH) and not path.expanduser().exists():  # a path by its spelling, not a hub id
+        from toolkit.targets.base import TargetError
+
+        field = "data.source" if name == "train" else "data.eval.source"
+        raise TargetError(f"{field}: {source} does not exist on this machine: give a file or directory that does "
+                          "(or a hub dataset id, an s3:// URI)")  # fmt: skip
     if source.startswith("builtin:") or not path.exists():
         return
     channel.parent.mkdir(parents=True, exist_ok=True)
