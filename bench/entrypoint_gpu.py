@@ -13,7 +13,11 @@ written as an MXFP4 checkpoint (random values: not pretrained), trained through 
 recomputation), stopped at a checkpoint, resumed and merged (the merge keeps the experts MXFP4). Writes
 bench/results/entrypoint_gpu_120b_slice.json.
 
-  python bench/entrypoint_gpu.py [--shape 120b-slice --layers 8]
+`--expert-lora`: the experts adapted too (lora.target_parameters, expert_r 8), written to
+bench/results/entrypoint_gpu_120b_slice_expert_lora.json. Each run's `[toolkit] trained:` line
+(toolkit_train/trained.py: which groups received gradients and moved, which experts class ran) is kept.
+
+  python bench/entrypoint_gpu.py [--shape 120b-slice --layers 8 [--expert-lora]]
 """
 
 from __future__ import annotations
@@ -59,7 +63,11 @@ def settings(model: Path, compile_layers: bool | str, max_steps: int) -> TrainSe
     )
 
 
-def slice_settings(model: Path, max_steps: int) -> TrainSettings:
+EXPERT_LORA = {"target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"], "expert_r": 8}
+
+
+def slice_settings(model: Path, max_steps: int, expert_lora: bool = False) -> TrainSettings:
+    lora = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     return TrainSettings.model_validate(
         {
             "model": {"id": str(model), "experts": "mxfp4"},
@@ -68,7 +76,7 @@ def slice_settings(model: Path, max_steps: int) -> TrainSettings:
                 "format": "multilingual-thinking",
                 "max_length": 4096,
             },
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+            "lora": {**lora, **(EXPERT_LORA if expert_lora else {})},
             "training": {
                 "learning_rate": 1e-4,
                 "max_steps": max_steps,
@@ -127,6 +135,7 @@ def run(root: Path, train: TrainSettings) -> dict:
         "steps": [int(m.split("step=")[1].split("/")[0]) for m in metrics],
         "losses": [float(m.split("loss=")[1].split()[0]) for m in metrics],
         "tail": "" if done.returncode == 0 else (done.stdout + done.stderr)[-3000:],
+        "trained": next((line for line in lines if line.startswith("[toolkit] trained:")), ""),  # what moved, ran
     }
 
 
@@ -136,12 +145,12 @@ def slowest_save(result: dict) -> float | None:
     return max(times) if times else None
 
 
-def main_slice(layers: int) -> None:
+def main_slice(layers: int, expert_lora: bool = False) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model = Path(scratch) / "gpt-oss-120b-slice"
         size = write_slice_checkpoint(model, layers)
-        first = run(Path(scratch) / "run", slice_settings(model, 10))
-        resumed = run(Path(scratch) / "run", slice_settings(model, 15))
+        first = run(Path(scratch) / "run", slice_settings(model, 10, expert_lora))
+        resumed = run(Path(scratch) / "run", slice_settings(model, 15, expert_lora))
         merged = Path(scratch) / "run" / "model" / "merged"
         merged_gb = sum(f.stat().st_size for f in merged.glob("*.safetensors")) / 1e9 if merged.exists() else 0
     rows = [
@@ -152,9 +161,9 @@ def main_slice(layers: int) -> None:
          "steps": resumed["steps"][:1] + resumed["steps"][-1:], "first_loss": resumed["losses"][:1],
          "last_loss": resumed["losses"][-1:], "slowest_save_s": slowest_save(resumed)},
     ]  # fmt: skip
-    report("entrypoint_gpu_120b_slice", rows, {"layers": layers, "checkpoint_gb": round(size, 2),
-                                               "merged_gb": round(merged_gb, 2),
-                                               "runs": {"first": first, "resumed": resumed}})  # fmt: skip
+    name = "entrypoint_gpu_120b_slice" + ("_expert_lora" if expert_lora else "")
+    report(name, rows, {"layers": layers, "checkpoint_gb": round(size, 2), "expert_lora": expert_lora,
+                        "merged_gb": round(merged_gb, 2), "runs": {"first": first, "resumed": resumed}})  # fmt: skip
 
 
 def main() -> None:
@@ -162,7 +171,7 @@ def main() -> None:
 
     if "--shape" in sys.argv:
         layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 8
-        main_slice(layers)
+        main_slice(layers, expert_lora="--expert-lora" in sys.argv)
         return
 
     with tempfile.TemporaryDirectory() as scratch:

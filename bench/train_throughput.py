@@ -82,13 +82,14 @@ def build_model(config, device, dtype, attn, experts="toolkit_fused"):
     return model
 
 
-def build_packed_model(config, device, attn):
+def build_packed_model(config, device, attn, fused_norms: bool = True):
     """gpt-oss with MXFP4 experts kept packed (model.experts: mxfp4), random weights built on the GPU: blocks are
-    random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints)."""
+    random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints).
+    `fused_norms=False`: transformers' eager RMSNorms, as before #48."""
     from toolkit_train.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
 
     config._attn_implementation = attn
-    model = empty_packed_model(config, torch.bfloat16, device)
+    model = empty_packed_model(config, torch.bfloat16, device, fused_norms=fused_norms)
     generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -603,11 +604,12 @@ EXPERT_LORA = {  # the same with LoRA on the MoE experts too
 EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on the packed experts too
 # ... + "-rN": with the experts at a rank of their own (lora.expert_r), e.g. 120b-mxfp4-16k-gc-experts-r4
+EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instead of FusedRMSNorm (the path before #48)
 
 
 def packed_name(name: str) -> tuple[str, bool, int | None]:
     """A PACKED variant's name -> (its PACKED key, expert LoRA or not, lora.expert_r or None)."""
-    key, experts, rank = name.partition(EXPERTS_SUFFIX)
+    key, experts, rank = name.removesuffix(EAGER_NORMS_SUFFIX).partition(EXPERTS_SUFFIX)
     return key, bool(experts), int(rank.removeprefix("-r")) if rank else None
 
 
@@ -660,7 +662,8 @@ def run_packed(name: str, args, device) -> dict:
     if size == "120b":
         lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                             target_parameters=targets, expert_r=expert_r)  # fmt: skip
-    model = add_lora(build_packed_model(config, device, "eager"), lora, seed=0)
+    fused_norms = not name.endswith(EAGER_NORMS_SUFFIX)
+    model = add_lora(build_packed_model(config, device, "eager", fused_norms), lora, seed=0)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
@@ -671,6 +674,7 @@ def run_packed(name: str, args, device) -> dict:
         **row,
         "experts": "mxfp4 (packed)",
         "lora": f"r{lora.r} {lora_on}",
+        "norms": "fused (compiled)" if fused_norms else "eager (transformers)",
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
 
