@@ -187,19 +187,22 @@ class JobInterrupted(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _interrupts_raise():
-    """SIGTERM raises KeyboardInterrupt like Ctrl-C while following (main thread only: elsewhere no handler)."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt while following (main thread only: elsewhere no handler). SIGINT
+    too, explicitly: a process started in the background by a shell (`toolkit train ... &`, a CI step) inherits
+    SIGINT ignored, and Python then installs no handler of its own, so `kill -INT` did nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def terminate(*_):
+    def interrupt(*_):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -165,7 +165,8 @@ def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline, name
     assert (root / "checkpoints" / "checkpoint-4.incomplete" / name).exists()  # kept for the user
 
 
-def _cli(root: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+def _cli(root: Path, *extra: str, env: dict | None = None, background: bool = False) -> subprocess.Popen:
+    """`toolkit train` in a session of its own; background: started as a shell starts `cmd &` (SIGINT ignored)."""
     args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *extra]
     return subprocess.Popen(
         [sys.executable, "-m", "toolkit.cli", *args],
@@ -174,6 +175,7 @@ def _cli(root: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
         text=True,
         start_new_session=True,
         env=dict(os.environ, CI="1", **(env or {})),
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
 
 
@@ -270,7 +272,8 @@ def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_p
     # the checkpoint the first Ctrl-C asks for takes 60 s (a test-only delay before its seal), so that the second
     # one certainly lands while it is being written; no earlier checkpoint (save_steps 0)
     slow = {"TOOLKIT_TEST_SLOW_SAVE_SECONDS": "60"}
-    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0", env=slow)
+    # started as a shell starts a background job (SIGINT ignored): `kill -INT` must still reach it (it once did not)
+    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0", env=slow, background=True)
     _wait_for_log(root, "[metrics] step=3/")
     cli.send_signal(signal.SIGINT)
     seen = _wait_for(cli, "interrupt again to stop at once")
