@@ -14,13 +14,17 @@ Expert LoRA (`lora.target_parameters`) trains on packed experts too (toolkit_tra
 frozen and packed, and each projection's LoRA runs beside its grouped GEMM as two small grouped GEMMs of its own,
 rows @ W + scaling * (rows @ A) @ B, so no bf16 copy of W (nor W + delta) outlives the layer. Merging an expert
 LoRA into the packed experts requantizes them (`Mxfp4Experts.merge_delta`), which costs accuracy: see the README.
+
+The packed model's RMSNorms run as one compiled kernel per direction on GPUs (`FusedRMSNorm`, same arithmetic as
+transformers' GptOssRMSNorm): eager, each norm is ~7 full passes over an fp32 copy of the hidden states forward and
+~12 backward, the largest share of the 120b step's glue (docs/performance.md, #48).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -209,9 +213,49 @@ class Mxfp4Experts(nn.Module):
         return {"kept": kept, "error": float((merged - wanted).norm()) / square**0.5, "size": size}
 
 
-def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device):
+def _rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' GptOssRMSNorm.forward term for term: statistics and the weight applied in fp32, the result in
+    the input dtype."""
+    dtype = hidden_states.dtype
+    hidden = hidden_states.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return (weight * hidden).to(dtype)
+
+
+def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """One fused kernel forward and one backward on GPUs (torch.compile; the shape is specialised until a second
+    one is seen, then dynamic); eager elsewhere. Eager on a GPU it is ~7 kernels forward (the fp32 copy, pow,
+    mean, two fp32 muls, the cast back) and ~12 backward, each a full pass over [tokens, hidden] in fp32: on the
+    120b step (16,384 tokens, 145 norm forwards and 72 backwards with recomputation) an estimated ~150-180 ms of
+    its 2.2 s (bench/results/train_throughput_1gpu_profile_120b.json: fp32 muls, pow, mean, sums, casts)."""
+    if hidden_states.device.type != "cuda":
+        return _rms_norm(hidden_states, weight, eps)
+    if "rms_norm" not in _COMPILED:
+        _COMPILED["rms_norm"] = torch.compile(_rms_norm)
+    return _COMPILED["rms_norm"](hidden_states, weight, eps)
+
+
+class FusedRMSNorm(nn.Module):
+    """Drop-in for transformers' GptOssRMSNorm (the same `weight` parameter and state-dict key, the same
+    arithmetic), run through `rms_norm`."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.weight: nn.Parameter = cast(nn.Parameter, norm.weight)
+        self.variance_epsilon = float(cast(float, norm.variance_epsilon))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device, fused_norms: bool = True):
     """gpt-oss with packed experts, built on the meta device and given uninitialised storage on `device` (the
-    caller loads or fills the weights); the rotary frequencies, which no checkpoint holds, are computed here."""
+    caller loads or fills the weights); the rotary frequencies, which no checkpoint holds, are computed here.
+    `fused_norms`: the RMSNorms as `FusedRMSNorm` (False: transformers' eager ones, for the bench's comparison)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -221,6 +265,11 @@ def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device):
             # transformers' flag that its expert weights are [E, in, out] (peft lays out an expert LoRA by it)
             packed.is_transposed = getattr(layer.mlp.experts, "is_transposed", False)
             layer.mlp.experts = packed
+            if fused_norms:
+                layer.input_layernorm = FusedRMSNorm(layer.input_layernorm)
+                layer.post_attention_layernorm = FusedRMSNorm(layer.post_attention_layernorm)
+        if fused_norms:
+            model.model.norm = FusedRMSNorm(model.model.norm)
     model.to_empty(device=device)
     with torch.device(device):  # non-persistent buffers: `to_empty` left them uninitialised
         model.model.rotary_emb = type(model.model.rotary_emb)(config=model.config)

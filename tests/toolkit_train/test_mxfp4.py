@@ -29,6 +29,52 @@ def test_dequantization_equals_transformers_reference(dtype):
     assert torch.equal(mxfp4.dequantize(blocks, scales, dtype).transpose(1, 2), reference)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rms_norm_computes_transformers_norm_and_its_gradient(dtype):
+    """FusedRMSNorm (#48): eager here, the same ops as GptOssRMSNorm, so bit for bit; compiled (what a GPU runs,
+    here through inductor's CPU backend) to rounding."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+
+    generator = torch.Generator().manual_seed(0)
+    reference = GptOssRMSNorm(64, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        reference.weight.copy_(torch.rand(64, generator=generator) + 0.5)
+    fused = mxfp4.FusedRMSNorm(reference)
+    assert fused.weight is reference.weight and fused.variance_epsilon == 1e-5
+    hidden = (3 * torch.randn(2, 24, 64, generator=generator)).to(dtype)
+    probe = torch.randn(2, 24, 64, generator=generator).to(dtype)
+
+    def run(norm):
+        x = hidden.clone().requires_grad_(True)
+        out = norm(x)
+        (out.float() * probe.float()).sum().backward()
+        return out.detach(), x.grad
+
+    (out, grad), (ref_out, ref_grad) = run(fused), run(reference)
+    assert out.dtype == dtype and torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
+    compiled = torch.compile(mxfp4._rms_norm)
+    out, grad = run(lambda x: compiled(x, fused.weight, fused.variance_epsilon))
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    torch.testing.assert_close(out, ref_out, **tolerance)
+    torch.testing.assert_close(grad, ref_grad, **tolerance)
+
+
+def test_packed_model_has_fused_norms_under_transformers_names():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+
+    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                          vocab_size=256)  # fmt: skip
+    fused = mxfp4.empty_packed_model(config, torch.float32, "cpu")
+    eager = mxfp4.empty_packed_model(config, torch.float32, "cpu", fused_norms=False)
+    norms = [m for m in fused.modules() if isinstance(m, mxfp4.FusedRMSNorm)]
+    assert len(norms) == 2 * 2 + 1 and not any(isinstance(m, GptOssRMSNorm) for m in fused.modules())
+    assert sum(isinstance(m, GptOssRMSNorm) for m in eager.modules()) == 5
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in fused.state_dict().items()}
+    assert shapes == {k: (tuple(v.shape), v.dtype) for k, v in eager.state_dict().items()}
+
+
 def _loss_logits_grads(settings: ModelSettings, ids: torch.Tensor, checkpointing: bool = False):
     model = add_lora(load_model(settings), LoraSettings(dropout=0.0), seed=0)
     for name, parameter in model.named_parameters():
