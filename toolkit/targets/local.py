@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit_train import trained
+from toolkit_train.faults import RUN_GROUP_ENV
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
@@ -221,7 +222,7 @@ class LocalTarget(Target):
                 self._lay_out(config, root, fresh)
             except OSError as exc:
                 raise _unwritable(root, exc) from None
-            env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1")
+            env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1", **{RUN_GROUP_ENV: "1"})
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
             through_relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
             process = subprocess.Popen(
