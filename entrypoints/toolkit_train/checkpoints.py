@@ -47,7 +47,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's SHA-256, read in 16 MiB chunks (checkpoint shards and datasets are GBs)."""
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 24):
@@ -63,7 +64,7 @@ def seal(checkpoint: Path, about: dict | None = None) -> None:
         _fsync(path)
     names = [str(p.relative_to(checkpoint)) for p in files]
     record = {"files": {name: p.stat().st_size for name, p in zip(names, files, strict=True)},
-              "sha256": {name: _sha256(p) for name, p in zip(names, files, strict=True)},
+              "sha256": {name: file_sha256(p) for name, p in zip(names, files, strict=True)},
               **({"about": about} if about is not None else {})}  # fmt: skip
     temporary = checkpoint / f"{SEAL}.tmp"
     temporary.write_text(json.dumps(record, indent=1))
@@ -102,7 +103,7 @@ def problem(checkpoint: Path, by_content: bool = True) -> str | None:
             return f"{name} has {actual} bytes where {size} were written (truncated or overwritten)"
     for name, expected in digests.items():  # seals written before digests were recorded have none: sizes alone
         try:
-            if _sha256(checkpoint / name) != expected:
+            if file_sha256(checkpoint / name) != expected:
                 return f"{name} does not hold what was written (its SHA-256 differs: corrupted in place)"
         except OSError as exc:
             return f"{name} cannot be read ({exc.strerror})"

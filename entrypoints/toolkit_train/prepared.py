@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import SEAL, about, problem, seal
+from .checkpoints import SEAL, about, file_sha256, problem, seal
 from .data import SAMPLE_PATH, DataError, data_files
 from .faults import fault_point
 from .settings import SAMPLE_DATASET, SAMPLES, DataSettings, ModelSettings
@@ -52,11 +52,8 @@ def source_digest(source: str) -> str | None:
         else:
             return None
     digest = hashlib.sha256()
-    for file in files:
-        digest.update(str(file.relative_to(root)).encode() + b"\0")
-        with file.open("rb") as handle:
-            while chunk := handle.read(1 << 24):
-                digest.update(chunk)
+    for file in files:  # each file's name, then its own SHA-256 (the checkpoints' hashing)
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file_sha256(file).encode())
     return digest.hexdigest()
 
 
