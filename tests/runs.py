@@ -16,10 +16,26 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# The main job: scripts/demo.sh's training (the preset with 6 of the sample's 24 rows held out, validation every 10
-# steps). CI runs the demo before the tests; its run is taken over when it is this exact configuration.
+# The main job: scripts/demo.sh's training (the preset with a quarter of the sample's rows held out, validation
+# every 10 steps). CI runs the demo before the tests; its run is taken over when it is this exact configuration.
 MAIN_JOB = "tiny-gpt-oss-local"
 MAIN_JOB_OVERRIDES = ("data.eval.fraction=0.25", "data.eval.steps=10")
+
+
+def sample_rows() -> int:
+    """Rows of the bundled multilingual sample (the preset's data.source)."""
+    from toolkit_train.data import SAMPLE_PATH
+
+    return sum(1 for line in SAMPLE_PATH.read_text().splitlines() if line.strip())
+
+
+def held_out_rows(fraction: float = 0.25) -> int:
+    """How many of the sample's rows data.eval.fraction holds out (the main job: a quarter)."""
+    from toolkit_train.data import held_out_indices
+
+    return len(held_out_indices(sample_rows(), fraction, seed=1234))
+
+
 DEMO_RUN = REPO / "runs" / MAIN_JOB
 
 

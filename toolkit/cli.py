@@ -956,6 +956,10 @@ def eval_(
         emit_json(report)
         return
     out.print(sdk.evaluation_table(report), highlight=False, markup=False)
+    if report.get("gate"):
+        gate = report["gate"]
+        out.print(f"registry.gate: {gate['reason']} (toolkit register would mark it {gate['status']})",
+                  highlight=False, markup=False)  # fmt: skip
     out.print(f"report: {report['written']['markdown']}", highlight=False)
 
 

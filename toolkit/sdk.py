@@ -505,6 +505,7 @@ def evaluate(
         results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
                                              on_status)  # fmt: skip
         report = build(results, baseline=SERVING, scored_model=scored)
+        _judge_by_gate(cfg, report)
         return {**report, "written": write(report, eval_dir(cfg))}
     if target != "local":
         raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
@@ -512,8 +513,19 @@ def evaluate(
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results, scored_model=scored_model(cfg, directory))
+    _judge_by_gate(cfg, report)
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}
+
+
+def _judge_by_gate(cfg: Config, report: dict[str, Any]) -> None:
+    """With registry.gate declared, the report says what `toolkit register` would make of it (report["gate"]), so
+    a CI job can read the verdict before registering anything."""
+    from toolkit.evaluate.gate import judge
+
+    if cfg.registry.gate is not None:
+        verdict = judge(cfg.registry.gate, report)
+        report["gate"] = {"status": verdict.status, "reason": verdict.reason}
 
 
 def download_model(config: Config | str | Path, model_uri: str, destination: str | Path | None = None) -> Path:

@@ -3,18 +3,20 @@
 Used by the `tiny-gpt-oss-local` preset, the demo and the tests: no hub, no download. Built once per
 recipe and cached; the build is deterministic, so every process (and every rank) gets the same weights.
 
-The build pre-trains the model briefly (all weights, ~2 min on 2 CPU cores) so that it already *speaks the
-harmony format*: system, developer and user messages, then an analysis channel and a final channel, with no
-stray special tokens. Its pre-training text is the bundled sample: the rows as they are, and rows assembled
-from parts of different rows (the format on its own). A model this small (2 layers, width 64) recalls about
-half of the sample's answers after it; the LoRA run on top lowers the sample's loss but, at this size, does not
-make it recall more. It stands in for gpt-oss in the demo and the tests: every layer is real, the answers
-are not a measure of anything.
+The build pre-trains the model (all weights, ~3 min on 2 CPU cores) on generated text that shares no row with
+any bundled sample (`tiny_corpus`; tests/toolkit_train/test_tiny_corpus.py proves it): harmony conversations in
+six languages whose analysis is in English (or, in a minority, a language drawn at random) whatever the system
+prompt's `reasoning language:` names, and plain paragraphs in each language. It behaves as gpt-oss does before
+the multilingual fine-tune: it speaks the harmony format, answers in the user's language and, at temperature 0,
+reasons in English whatever language is named. The bundled sample teaches what the fine-tune is for, reasoning in
+the named language, and the demo's eval measures it on rows neither model saw. The base also knows the samples'
+words (shuffled word lists, never a sentence) so that the fine-tune can write them; every other token shares one
+LM-head row learned as "any other token", so the model is calibrated over the whole vocabulary.
 
 The tools variant (`builtin:tiny-gpt-oss-tools`) adds the bundled tool-calling sample to the pre-training text.
-Without it the model cannot call a tool, whatever the LoRA run: the LM-head rows of every token the pre-training
-text lacks are zeroed, and the tool-call tokens (`<|call|>`, ` to`, `functions`, ` json`, `{"`, ...) are among them;
-LoRA on attention and experts cannot move those logits (and TRL refuses LoRA on lm_head).
+Without it the model cannot call a tool, whatever the LoRA run: every token the pre-training text lacks shares
+the "any other token" LM-head row, and the tool-call tokens (`<|call|>`, ` to`, `functions`, ` json`, `{"`, ...)
+are among them; LoRA on attention and experts cannot move those logits (and TRL refuses LoRA on lm_head).
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ RECIPE: dict[str, Any] = {
     # gpt-oss's generation_config.json: generation stops at a final answer, the end of text or a tool call
     "generation_eos": ["<|return|>", "<|endoftext|>", "<|call|>"],
     # pre-training (see the module docstring); the text's recipe is part of the cache key
-    "pretrain_text": "sample rows + rows from shuffled parts; half without developer; harmony developer form",
+    "pretrain_text": "tiny_corpus: generated, no sample row; analysis English 70%, else random; samples' words x4 "
+    "shuffled; one shared row for unused tokens",
     "pretrain_conversations": 2000,
-    "pretrain_steps": 300,
+    "pretrain_documents": 600,
+    "pretrain_steps": 600,
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
 }
@@ -77,7 +81,7 @@ def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").exists():
-            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 2 minutes "
+            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 3 minutes "
                       "on a laptop CPU)")  # fmt: skip
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
             _build(staging, mxfp4, tools=tools)
@@ -194,17 +198,14 @@ def _save_generation_config(out: Path, tokenizer) -> None:
 
 
 def pretraining_conversations(count: int, seed: int, tools: bool = False) -> list:
-    """Half: the sample's rows as they are; half: harmony conversations assembled from parts of different rows
-    (the format on its own). Every other conversation drops the developer instructions, so a bare
-    'reasoning language: X' system prompt (what `toolkit invoke` sends) is as familiar as the sample's. With
-    `tools`, every third conversation is a row of the tool-calling sample (normalized for harmony)."""
+    """The generated conversations of `tiny_corpus` (no bundled sample row among them). With `tools`, every third
+    conversation is a row of the tool-calling sample (normalized for harmony)."""
     import random
 
-    from . import harmony
-    from .data import SAMPLE_PATH, to_messages
+    from . import harmony, tiny_corpus
+    from .data import SAMPLE_PATH
     from .settings import SAMPLES, TOOL_SAMPLE_DATASET
 
-    rows = [json.loads(line) for line in SAMPLE_PATH.read_text().splitlines() if line.strip()]
     tool_text = (SAMPLE_PATH.parent / SAMPLES[TOOL_SAMPLE_DATASET]).read_text()
     tool_rows = [json.loads(line) for line in tool_text.splitlines() if line.strip()] if tools else []
     rng = random.Random(seed)
@@ -213,23 +214,43 @@ def pretraining_conversations(count: int, seed: int, tools: bool = False) -> lis
         if tool_rows and index % 3 == 2:
             row = tool_rows[rng.randrange(len(tool_rows))]
             conversations.append(harmony.normalize(row, row["messages"], "medium"))
-            continue
-        if index % 2 == 0:
-            row = dict(rows[rng.randrange(len(rows))])
         else:
-            system, user, analysis, final = (rows[rng.randrange(len(rows))] for _ in range(4))
-            row = {**system, "user": user["user"], "analysis": analysis["analysis"], "final": final["final"]}
-        if index % 4 < 2:
-            row["developer"] = ""
-        conversations.append(to_messages(row, "multilingual-thinking"))
+            conversations.append(tiny_corpus.conversation(rng))
     return conversations
+
+
+VOCABULARY_SHUFFLES = 4  # each word met a few times, in other company each time
+
+
+def pretraining_documents(count: int, seed: int) -> list[str]:
+    """Plain paragraphs in each of the six languages (`tiny_corpus.document`), then the bundled samples' words as
+    shuffled lists (`tiny_corpus.vocabulary_documents`: words, never a sentence of a sample)."""
+    import random
+
+    from . import tiny_corpus
+    from .data import SAMPLE_PATH
+
+    rng = random.Random(seed + 1)
+    paragraphs = [tiny_corpus.document(rng) for _ in range(count)]
+    texts = []
+    for sample in sorted(SAMPLE_PATH.parent.glob("*.jsonl")):
+        for line in sample.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                texts += [row[key] for key in ("user", "analysis", "final") if isinstance(row.get(key), str)]
+    return paragraphs + [
+        line for _ in range(VOCABULARY_SHUFFLES) for line in tiny_corpus.vocabulary_documents(texts, rng)
+    ]
 
 
 def _pretrain(model, tokenizer, tools: bool = False) -> None:
     """Next-token training on every token of the pre-training conversations, all weights.
 
-    The softmax runs over the tokens the text uses (~900 of 201,088): 200x cheaper on a CPU. The LM head rows of
-    every other token are then zeroed, so the model never emits an unused (e.g. reserved special) token.
+    The softmax runs over the tokens the text uses (a few thousand of 201,088) plus one class standing for all the
+    others, which share one learned LM-head row: the full-vocabulary softmax, 50x cheaper on a CPU. Every unused
+    token's row is then set to that shared row, so the model is calibrated over the whole vocabulary (a fine-tune's
+    loss starts where a real base's would, not at log(201,088)) and never emits an unused (e.g. reserved special)
+    token.
     """
     import math
     import random
@@ -239,12 +260,16 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
     from .data import _tokenize
 
     encoded = _tokenize(pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"], tools), tokenizer)
+    documents = pretraining_documents(RECIPE["pretrain_documents"], RECIPE["seed"])
+    encoded["input_ids"] += [tokenizer(text, add_special_tokens=False)["input_ids"] for text in documents]
     sequences = [torch.tensor(ids) for ids in encoded["input_ids"]]
     used = torch.unique(torch.cat(sequences))
     to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
     to_used[used] = torch.arange(len(used))
     steps, batch, peak = RECIPE["pretrain_steps"], RECIPE["pretrain_batch"], RECIPE["pretrain_learning_rate"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=peak, weight_decay=0.0)
+    unused_row = torch.nn.Parameter(torch.zeros(model.config.hidden_size))
+    log_unused = math.log(len(tokenizer) - len(used))  # the other tokens' share of the softmax, all on one row
+    optimizer = torch.optim.AdamW([*model.parameters(), unused_row], lr=peak, weight_decay=0.0)
     rng = random.Random(RECIPE["seed"])
     model.train()
     for step in range(steps):
@@ -259,7 +284,7 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
             input_ids[row, : len(ids)], attention_mask[row, : len(ids)] = ids, 1
             targets[row, : len(ids) - 1] = to_used[ids[1:]]
         hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = hidden @ model.lm_head.weight[used].T
+        logits = torch.cat([hidden @ model.lm_head.weight[used].T, (hidden @ unused_row + log_unused)[..., None]], -1)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         optimizer.zero_grad()
         loss.backward()
@@ -270,7 +295,7 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
     with torch.no_grad():
         unused = torch.ones(len(tokenizer), dtype=torch.bool)
         unused[used] = False
-        model.lm_head.weight[unused] = 0.0
+        model.lm_head.weight[unused] = unused_row
     model.eval()
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.runs import MAIN_JOB_OVERRIDES
+from tests.runs import MAIN_JOB_OVERRIDES, held_out_rows
 from toolkit.cli import app
 from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
@@ -18,9 +18,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_path, monkeypatch):
-    """On the main job's run (trained with 6 rows held out), as the demo evaluates it, but with a held-out fraction
-    other than training's on the command line: the rows scored are the run's own held-out rows (its run.json), and
-    the command says so (it used to score 12 rows, 6 of them trained on, without a word)."""
+    """On the main job's run (trained with a quarter of the sample held out), as the demo evaluates it, but with a
+    held-out fraction other than training's on the command line: the rows scored are the run's own held-out rows
+    (its run.json), and the command says so (it used to score other rows, some of them trained on, without a
+    word)."""
     _, trained_model = main_job_run
     monkeypatch.chdir(tmp_path)
     drifted = [o if not o.startswith("data.eval.fraction=") else "data.eval.fraction=0.5" for o in MAIN_JOB_OVERRIDES]
@@ -33,15 +34,15 @@ def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_
     report = json.loads(result.stdout)
     assert set(report["models"]) == {"base", "fine-tuned"}
     for model in report["models"].values():
-        assert model["rows"] == 6 and model["failed"] == []  # a quarter of the sample's 24 rows
+        assert model["rows"] == held_out_rows() and model["failed"] == []  # a quarter of the sample
     assert set(report["metrics"]) == set(METRIC_NAMES)
     for name, metric in report["metrics"].items():
-        assert metric["rows"] == 6, name  # every held-out row asks for a reasoning language
+        assert metric["rows"] == held_out_rows(), name  # every held-out row asks for a reasoning language
         assert 0 <= metric["base"] <= 1 and 0 <= metric["fine-tuned"] <= 1, name
         assert metric["difference"] == pytest.approx(metric["fine-tuned"] - metric["base"])
-    assert report["validation"]["rows"] == 6 and report["validation"]["eval_loss"] > 0
+    assert report["validation"]["rows"] == held_out_rows() and report["validation"]["eval_loss"] > 0
     out = tmp_path / "runs" / "tiny-gpt-oss-local" / "eval"
-    assert "| rougeL | 6 |" in (out / "report.md").read_text()
+    assert f"| rougeL | {held_out_rows()} |" in (out / "report.md").read_text()
     for png in ("metrics.png", "loss.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     # the base and the fine-tuned model answered differently: two models were really served

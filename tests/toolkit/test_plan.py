@@ -20,6 +20,7 @@ from toolkit_train import checkpoints, prepared
 from typer.testing import CliRunner
 
 from tests.botocore_model import assert_valid_call
+from tests.runs import held_out_rows
 from toolkit import limits, sdk
 from toolkit.cli import app
 from toolkit.config import load_config, preset_names
@@ -244,7 +245,8 @@ def test_plan_reads_the_token_count_data_prepare_measured_without_the_held_out_r
     made = runner.invoke(app, ["data", "prepare", "tiny-gpt-oss-local", "--output", str(prepared), "--json", *held])
     assert made.exit_code == 0, made.output
     report = json.loads(made.stdout[made.stdout.index("{") :])
-    assert report["held_out_rows"] == 6 and report["training_tokens"] + report["held_out_tokens"] == report["tokens"]
+    assert report["held_out_rows"] == held_out_rows()
+    assert report["training_tokens"] + report["held_out_tokens"] == report["tokens"]
     planned = runner.invoke(app, ["plan", "tiny-gpt-oss-local", "--offline", "--json", "--set",
                                   f"data.source={prepared}", *held])  # fmt: skip
     assert planned.exit_code == 0, planned.output

@@ -9,6 +9,7 @@ import sys
 import pytest
 from toolkit_train.train import BATCH_LOG_ENV
 
+from tests.runs import held_out_rows, sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out
 from toolkit.config import load_config
 
@@ -43,7 +44,8 @@ def test_held_out_rows_give_a_validation_loss_and_never_reach_training(tmp_path,
     # before training (the base model: LoRA starts as the identity), every 2 steps, and at the end
     assert [line.split()[1] for line in evals] == ["step=0/4", "step=2/4", "step=4/4", "step=4/4"], evals
     run = json.loads((root / "model" / "run.json").read_text())
-    assert run["data"]["rows_out"] == 18 and run["data"]["eval"]["rows_out"] == 6  # 24 sample rows, a quarter held out
+    assert run["data"]["eval"]["rows_out"] == held_out_rows()  # a quarter of the sample held out
+    assert run["data"]["rows_out"] == sample_rows() - held_out_rows()
     assert run["eval_loss"] == pytest.approx(float(evals[-1].split("eval_loss=")[1]), abs=1e-4)
     assert sum("eval_loss" in entry for entry in run["log_history"]) == 4
 

@@ -16,6 +16,7 @@ from toolkit_train import prepared
 from toolkit_train.checkpoints import SEAL
 from toolkit_train.data import SAMPLE_PATH
 
+from tests.runs import sample_rows
 from toolkit import sdk
 
 CONFIG = "tiny-gpt-oss-local"
@@ -40,7 +41,7 @@ def last_line(result: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture
 def old_dataset(tmp_path, tiny_model_path) -> Path:
-    """The sample (24 rows) prepared once into tmp_path/prepared[1], in-process (a glob character in the name: what
+    """The sample prepared once into tmp_path/prepared[1], in-process (a glob character in the name: what
     a killed prepare leaves beside it must still be found and removed)."""
     destination = tmp_path / "prepared[1]"
     sdk.prepare_data(CONFIG, destination)
@@ -49,17 +50,17 @@ def old_dataset(tmp_path, tiny_model_path) -> Path:
 
 def test_a_killed_prepare_leaves_the_old_dataset_whole_and_the_same_command_then_replaces_it(tmp_path, old_dataset):
     bigger = tmp_path / "bigger.jsonl"
-    bigger.write_text(SAMPLE_PATH.read_text() * 4)  # 96 rows: what the interrupted re-run prepares
+    bigger.write_text(SAMPLE_PATH.read_text() * 4)  # four times the rows: what the interrupted re-run prepares
     again = ["data", "prepare", CONFIG, "--set", f"data.source={bigger}", "--output", str(old_dataset)]
     written = toolkit(*again, cwd=tmp_path, fault="prepare-written")  # new Arrow files written, not sealed
     assert written.returncode == -9, written.stderr
-    assert prepared.sealed(old_dataset) is not None and rows_of(old_dataset) == 24  # the old one, whole
+    assert prepared.sealed(old_dataset) is not None and rows_of(old_dataset) == sample_rows()  # the old one, whole
     replaced = toolkit(*again, cwd=tmp_path, fault="prepare-replaced")  # sealed; the old one set aside
     assert replaced.returncode == -9, replaced.stderr
     assert not old_dataset.exists()  # neither is where a reader looks: nothing is trained on by mistake
     finished = toolkit(*again, cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr
-    assert prepared.sealed(old_dataset) is not None and rows_of(old_dataset) == 96
+    assert prepared.sealed(old_dataset) is not None and rows_of(old_dataset) == 4 * sample_rows()
     assert prepared.sealed(old_dataset)["source"] == str(bigger)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # what the kills left is gone
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tests.runs import sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, REPO, entrypoint_env, lay_out, losses, run_entrypoint
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     reloaded = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
     torch.testing.assert_close(_logits(reloaded, input_ids), adapter_logits, rtol=1e-4, atol=1e-4)
     run = json.loads((root / "model" / "run.json").read_text())
-    assert run["global_step"] == 16 and run["data"]["rows_out"] == 24
+    assert run["global_step"] == 16 and run["data"]["rows_out"] == sample_rows()
     assert not (root / "output" / "failure").exists()
 
 

@@ -1,0 +1,119 @@
+"""The tiny bases' pre-training text shares no row with any bundled sample, and the base behaves as gpt-oss does
+before the multilingual fine-tune: it reasons in English whatever `reasoning language:` says.
+
+Without these, the main job's base-vs-fine-tuned table measures memory, not the fine-tune: the base of an earlier
+version was pre-trained on the sample's own rows, held-out ones included, and "fine-tuning hurt".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from toolkit_train import tiny_corpus
+from toolkit_train.data import SAMPLE_PATH, to_messages
+from toolkit_train.tiny_model import RECIPE, pretraining_conversations, pretraining_documents
+
+WINDOW = 8  # words: shorter runs are the shared frame ("Der Nutzer fragt auf Spanisch nach der"), not a row
+
+
+def _sample_rows() -> list[tuple[str, dict]]:
+    return [(path.name, json.loads(line)) for path in sorted(SAMPLE_PATH.parent.glob("*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
+
+
+def _texts(row: dict) -> list[str]:
+    """Every text a row holds: its fields and every message's content, reasoning and tool-call arguments."""
+    texts = [row[key] for key in ("user", "analysis", "final") if isinstance(row.get(key), str)]
+    for message in row.get("messages") or []:
+        texts += [str(message[key]) for key in ("content", "thinking") if message.get(key)]
+        texts += [json.dumps(call, sort_keys=True) for call in message.get("tool_calls") or []]
+    return [text for text in texts if text.strip()]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _pretraining_text(tools: bool) -> str:
+    conversations = pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"], tools)
+    parts = [json.dumps(conversation, ensure_ascii=False) for conversation in conversations]
+    return "\n".join(parts + pretraining_documents(RECIPE["pretrain_documents"], RECIPE["seed"]))
+
+
+def test_no_multilingual_sample_row_is_in_the_pretraining_text():
+    text = _pretraining_text(tools=False)
+    words = _words(text)
+    windows = {tuple(words[i : i + WINDOW]) for i in range(len(words) - WINDOW + 1)}
+    rows = [(name, row) for name, row in _sample_rows() if name == SAMPLE_PATH.name]
+    assert len(rows) >= 48  # a quarter held out is at least 12 rows: what the demo's interval needs
+    for _, row in rows:
+        for sample_text in _texts(row):
+            assert sample_text not in text, f"sample text in the pre-training text: {sample_text!r}"
+            sample_words = _words(sample_text)
+            shared = [sample_words[i : i + WINDOW] for i in range(len(sample_words) - WINDOW + 1)
+                      if tuple(sample_words[i : i + WINDOW]) in windows]  # fmt: skip
+            assert not shared, f"{WINDOW} words of {sample_text!r} in the pre-training text: {shared[0]}"
+
+
+def test_the_tools_base_sees_tool_rows_but_no_multilingual_row():
+    """The tools variant adds the tool-calling sample (its skill, calling a tool, must exist to be served); still no
+    multilingual row."""
+    text = _pretraining_text(tools=True)
+    for name, row in _sample_rows():
+        if name == SAMPLE_PATH.name:
+            for sample_text in _texts(row):
+                assert sample_text not in text
+
+
+def test_the_corpus_answers_are_correct_and_in_the_users_language():
+    """Spot-check the generator itself: computed answers, the user's language for the answer."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        question = tiny_corpus._Question(rng)
+        values = question.values
+        answer = question.answer()
+        if "c" in values:
+            assert str(values["c"]) in answer
+        if question.family == "half":
+            assert str(values["b"]) in answer
+        assert question.text() in {
+            template.format(**values) for template in [FAMILIES_Q[question.family][question.user_language]]
+        }
+
+
+FAMILIES_Q = {family: {language: templates[0] for language, templates in table.items()}
+              for family, table in tiny_corpus.FAMILIES.items()}  # fmt: skip
+
+
+@pytest.mark.integration
+def test_the_base_reasons_in_english_whatever_the_system_prompt_names(tiny_model_path):
+    """The skill the multilingual fine-tune teaches is absent from the base: at temperature 0 it reasons in English
+    on the sample's questions, one per named language (lingua, the eval's own language identifier)."""
+    import torch
+    from lingua import Language
+    from toolkit_train import harmony
+    from transformers import AutoTokenizer, GptOssForCausalLM
+
+    from toolkit.evaluate.scoring import _detector
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    model = GptOssForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    asked: dict[str, dict] = {}
+    for name, row in _sample_rows():
+        if name == SAMPLE_PATH.name:
+            asked.setdefault(row["reasoning_language"], row)
+    assert len(asked) == 6
+    found = {}
+    for language, row in sorted(asked.items()):
+        prompt = harmony.prompt_ids(harmony.normalize({}, to_messages(row, "multilingual-thinking")[:2], "medium",
+                                                      complete=False))  # fmt: skip
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)
+        reply = tokenizer.decode(out[0, len(prompt) :])
+        analysis = reply.split("<|message|>", 1)[-1].split("<|end|>")[0]
+        found[language] = _detector().detect_language_of(analysis)
+    assert all(detected == Language.ENGLISH for detected in found.values()), found
