@@ -94,8 +94,12 @@ def test_packed_experts_give_the_dequantized_models_logits_and_lora_gradients():
     loss, logits, grads, model = _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32", experts="mxfp4"), ids)
     ref_loss, ref_logits, ref_grads, ref_model = _loss_logits_grads(ModelSettings(id=TINY_MXFP4, dtype="float32"), ids)
     assert isinstance(model.get_base_model().model.layers[0].mlp.experts, mxfp4.Mxfp4Experts)
-    assert torch.equal(loss, ref_loss) and torch.equal(logits, ref_logits)
-    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[n], ref_grads[n]) for n in grads)
+    # the same dequantized weights through another kernel: equal to float32 rounding (summation order), not bitwise
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    assert grads.keys() == ref_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5)
 
     def expert_bytes(m):
         weights = [t for k, t in m.state_dict().items() if ".experts." in k and "_bias" not in k]
@@ -329,8 +333,9 @@ def test_merging_expert_lora_into_mxfp4_requantizes_and_costs_what_is_measured()
     """The merge keeps MXFP4: W + delta is requantized, which rounds part of the delta away. Measured on the tiny
     model (LoRA B ~ N(0, std), A as peft initialises it), as |merged-MXFP4 logits - unmerged adapter logits|
     relative to the adapter's own effect |adapter - base| (L2 over all logits), and what the merge reports:
-      std 0.05  (|d|/|W| ~ 0.3):  0.30 of the effect, kept 0.99 of the update
-      std 0.002 (|d|/|W| ~ 0.01): 2.4x the effect, kept 0.36-0.43 (the update is below MXFP4's rounding step)
+      std 0.05  (|d|/|W| ~ 0.3):  0.53 of the effect, kept 0.99 of the update
+      std 0.002 (|d|/|W| ~ 0.01): 3.0x the effect, kept 0.28-0.41 (the update is below MXFP4's rounding step)
+    (the tiny base of 2026-12-05; the base before it, with other weights: 0.30 and 2.4x)
     """
     ids = torch.randint(0, 1000, (2, 40), generator=torch.Generator().manual_seed(3))
     measured = {}
@@ -355,7 +360,7 @@ def test_merging_expert_lora_into_mxfp4_requantizes_and_costs_what_is_measured()
         measured[std] = (float((merged - adapted).norm() / (adapted - base).norm()), report)
     print("merged vs adapter, relative to the adapter's effect:", measured)  # pytest -s
     large, small = measured[0.05], measured[0.002]
-    assert large[0] < 0.4 and all(r["kept_min"] > 0.95 for r in large[1].values())
+    assert large[0] < 0.75 and large[0] < small[0] / 3 and all(r["kept_min"] > 0.95 for r in large[1].values())
     assert small[0] > 1.0 and all(r["kept_min"] < 0.6 for r in small[1].values())  # why to serve the adapter
 
 

@@ -91,7 +91,7 @@ def test_where_a_run_stops_is_not_what_makes_it_another_run(config, tmp_path, lo
     assert trajectory_file(root).read_text() == written
     assert (root / "checkpoints" / "checkpoint-6").exists()
     with pytest.raises(TargetError, match="checkpoints of a different config"):
-        prepare_run_dir(load_config("tiny-gpt-oss-local", [*longer, "training.learning_rate=0.001"]), root, False)
+        prepare_run_dir(load_config("tiny-gpt-oss-local", [*longer, "training.learning_rate=0.002"]), root, False)
 
 
 def test_the_repository_holds_no_links():
