@@ -151,9 +151,45 @@ def packed_gate(config, device) -> dict:
             out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
             out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
             del packed
-    out["passed"] = all(out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5
-                        for p, _, _ in cases)  # fmt: skip
+    out.update(lora_input_cast_gate(config, device, rows))
+    out["passed"] = out["lora_input_cast_passed"] and all(
+        out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5 for p, _, _ in cases
+    )
     return out
+
+
+def _peft_cast_again(model) -> None:
+    """Undo toolkit_train.model.skip_input_casts_under_autocast: peft's own input cast, as before the lever."""
+    for module in model.modules():
+        vars(module).pop("_cast_input_dtype", None)
+
+
+def lora_input_cast_gate(config, device, rows) -> dict:
+    """Training's precision (bf16 base, fp32 adapters, bf16 autocast): loss and LoRA gradients with peft's input cast
+    skipped (toolkit_train.model.skip_input_casts_under_autocast) against peft's own cast, run twice for the spread
+    of the kernels' own nondeterminism; passes when the skip moves them no more than that (bitwise expected)."""
+    from toolkit_train.model import add_lora
+    from toolkit_train.settings import LoraSettings
+
+    results = []
+    for skip in (False, False, True):
+        model = add_lora(build_packed_model(config, device, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
+        if not skip:
+            _peft_cast_again(model)
+        torch.manual_seed(5)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            results.append(_fast_grads(model, rows, device))
+        del model
+    (loss, grads), (loss_again, grads_again), (skip_loss, skip_grads) = results
+    spread = float((grads_again - grads).norm() / grads.norm())
+    error = float((skip_grads - grads).norm() / grads.norm())
+    return {"lora_input_cast_spread_grad_rel_err": spread, "lora_input_cast_skip_grad_rel_err": error,
+            "lora_input_cast_skip_loss_diff": abs(skip_loss - loss),
+            "lora_input_cast_passed": error <= max(10 * spread, 1e-6) and abs(skip_loss - loss) <= max(
+                10 * abs(loss_again - loss), 1e-6)}  # fmt: skip
 
 
 def tokenizer():
@@ -605,11 +641,12 @@ EXPERT_PARAMETERS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on the packed experts too
 # ... + "-rN": with the experts at a rank of their own (lora.expert_r), e.g. 120b-mxfp4-16k-gc-experts-r4
 EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instead of FusedRMSNorm (the path before #48)
+PEFT_CAST_SUFFIX = "-peft-cast"  # last: peft's fp32 input cast kept under autocast (the path before #48's second lever)
 
 
 def packed_name(name: str) -> tuple[str, bool, int | None]:
     """A PACKED variant's name -> (its PACKED key, expert LoRA or not, lora.expert_r or None)."""
-    key, experts, rank = name.removesuffix(EAGER_NORMS_SUFFIX).partition(EXPERTS_SUFFIX)
+    key, experts, rank = name.removesuffix(PEFT_CAST_SUFFIX).removesuffix(EAGER_NORMS_SUFFIX).partition(EXPERTS_SUFFIX)
     return key, bool(experts), int(rank.removeprefix("-r")) if rank else None
 
 
@@ -627,14 +664,17 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
     if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
-    variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(name, name)]
-    experts = "grouped_mm" if variant == "recipe" or name.endswith("-ref") else "toolkit_fused"
+    base_name = name.removesuffix(PEFT_CAST_SUFFIX)
+    variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(base_name, base_name)]
+    experts = "grouped_mm" if variant == "recipe" or base_name.endswith("-ref") else "toolkit_fused"
     budget = budget or args.budget
     config = gpt_oss_config(args.tiny)
-    targets = EXPERT_PARAMETERS if name in EXPERT_LORA else []
+    targets = EXPERT_PARAMETERS if base_name in EXPERT_LORA else []
     lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
     model = add_lora(build_model(config, device, dtype, "eager", experts), lora, seed=0)
-    if name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
+    if name != base_name:
+        _peft_cast_again(model)
+    if base_name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
         from toolkit_train.model import compile_decoder_layers
 
         compile_decoder_layers(model)
@@ -662,8 +702,11 @@ def run_packed(name: str, args, device) -> dict:
     if size == "120b":
         lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                             target_parameters=targets, expert_r=expert_r)  # fmt: skip
-    fused_norms = not name.endswith(EAGER_NORMS_SUFFIX)
+    fused_norms = not name.removesuffix(PEFT_CAST_SUFFIX).endswith(EAGER_NORMS_SUFFIX)
     model = add_lora(build_packed_model(config, device, "eager", fused_norms), lora, seed=0)
+    peft_cast = name.endswith(PEFT_CAST_SUFFIX)
+    if peft_cast:
+        _peft_cast_again(model)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
@@ -675,6 +718,7 @@ def run_packed(name: str, args, device) -> dict:
         "experts": "mxfp4 (packed)",
         "lora": f"r{lora.r} {lora_on}",
         "norms": "fused (compiled)" if fused_norms else "eager (transformers)",
+        "lora_input": "peft's fp32 cast" if peft_cast else "as autocast casts it",
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
 
@@ -777,6 +821,7 @@ def run_all(args) -> None:
     from common import report
 
     table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "lora", "packing", "gc", "max_length",
+                                         "norms", "lora_input",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",
                                          "peak_mem_gb", "peak_reserved_gb", "outside_allocator_gb", "gpu_memory_cap_gb",

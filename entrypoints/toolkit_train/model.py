@@ -205,7 +205,7 @@ def add_lora(model, settings: LoraSettings, seed: int):
     set_seed(seed)
     config = lora_config(settings)
     with _packed_experts_as_targets(model, config):
-        return get_peft_model(model, config)
+        return skip_input_casts_under_autocast(get_peft_model(model, config))
 
 
 def load_adapter(base, adapter_dir: Path | str):
@@ -214,7 +214,27 @@ def load_adapter(base, adapter_dir: Path | str):
 
     config = PeftConfig.from_pretrained(str(adapter_dir))
     with _packed_experts_as_targets(base, config):
-        return PeftModel.from_pretrained(base, str(adapter_dir), config=config)
+        return skip_input_casts_under_autocast(PeftModel.from_pretrained(base, str(adapter_dir), config=config))
+
+
+def skip_input_casts_under_autocast(peft_model):
+    """peft casts each LoRA layer's input to the adapter's dtype (fp32) before lora_A; under bf16 autocast lora_A
+    casts it straight back, so the bf16 -> fp32 -> bf16 round trip (exact) only costs two copies of the activations
+    per projection, forward and backward: ~70 ms of a 2.1 s 120b step (docs/performance.md, #48). Under autocast
+    this skips it: the same values reach the same kernels. Without autocast peft's cast runs as before (a bf16
+    input and fp32 weights must meet in one dtype). Returns the model."""
+    import torch
+    from peft.tuners.lora import Linear
+
+    for module in peft_model.modules():
+        if isinstance(module, Linear):
+            peft_cast = module._cast_input_dtype
+
+            def cast(x, dtype, peft_cast=peft_cast):
+                return x if torch.is_autocast_enabled(x.device.type) else peft_cast(x, dtype)
+
+            vars(module)["_cast_input_dtype"] = cast  # this instance only: peft's class is left as it is
+    return peft_model
 
 
 @contextlib.contextmanager
