@@ -220,9 +220,11 @@ def load_adapter(base, adapter_dir: Path | str):
 def skip_input_casts_under_autocast(peft_model):
     """peft casts each LoRA layer's input to the adapter's dtype (fp32) before lora_A; under bf16 autocast lora_A
     casts it straight back, so the bf16 -> fp32 -> bf16 round trip (exact) only costs two copies of the activations
-    per projection, forward and backward: ~70 ms of a 2.1 s 120b step (docs/performance.md, #48). Under autocast
-    this skips it: the same values reach the same kernels. Without autocast peft's cast runs as before (a bf16
-    input and fp32 weights must meet in one dtype). Returns the model."""
+    per projection, forward and backward: ~90 ms of a 2.0 s 120b step (measured: docs/performance.md, #48). Under
+    autocast this skips it: the same values reach the same kernels (with lora.dropout > 0 the mask is drawn on the
+    bf16 input instead: the same distribution, not the same draw). Without autocast peft's cast runs as before (a
+    bf16 input and fp32 weights must meet in one dtype). bench/train_throughput.py's -peft-cast variants undo it
+    by removing the instance attribute set here. Returns the model."""
     import torch
     from peft.tuners.lora import Linear
 
