@@ -353,6 +353,13 @@ def follow(job):
     raise typer.Exit(130)
 
 
+def _duration(hours: float) -> str:
+    """A plan's time: hours from one up, minutes from one up, else seconds (a short run is not "0 min")."""
+    if hours >= 1:
+        return f"{hours:.1f} h"
+    return f"{hours * 60:.0f} min" if hours * 60 >= 1 else f"{max(hours * 3600, 1):.0f} s"
+
+
 @app.command("plan")
 def plan(
     source: ConfigArg,
@@ -392,7 +399,7 @@ def _print_plan(result) -> None:
                   title=f"{result.config}: {result.model}, {_count(result.data_tokens)} tokens per epoch")  # fmt: skip
     for c in result.candidates:
         rate = f"{c.tokens_per_s:,.0f} ({c.throughput})" if c.tokens_per_s else "-"
-        time = "-" if c.hours is None else f"{c.hours:.1f} h" if c.hours >= 1 else f"{c.hours * 60:.0f} min"
+        time = "-" if c.hours is None else _duration(c.hours)
         per_hour = f"${c.usd_per_hour:,.2f}/h" if c.usd_per_hour is not None else "no price"
         cost = f"${c.cost_usd:,.2f} ({per_hour})" if c.cost_usd is not None else per_hour
         spot = f"${c.spot_cost_usd[0]:,.2f}-{c.spot_cost_usd[1]:,.2f}" if c.spot_cost_usd else "-"
@@ -845,7 +852,17 @@ def invoke(
 ) -> None:
     """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
     from toolkit import sdk
-    from toolkit.sdk import ChatReply, cut_off, messages_for, read_tools, reply_problems, show_tool_calls, wait_for
+    from toolkit.sdk import (
+        ChatReply,
+        before_markup,
+        cut_off,
+        markup_note,
+        messages_for,
+        read_tools,
+        reply_problems,
+        show_tool_calls,
+        wait_for,
+    )
 
     cfg = load(source, set_)
     target = sdk.serve_target(cfg, target)
@@ -861,14 +878,14 @@ def invoke(
             emit_json(reply)
         elif not stream:
             reply = client.chat(messages, max_tokens, temperature, **extra)
-            if reply.reasoning:  # model text is never read as rich markup
+            if before_markup(reply.reasoning):  # model text is never read as rich markup
                 err.print("[dim]reasoning:[/] ", end="")
-                err.print(reply.reasoning, highlight=False, markup=False)
+                err.print(before_markup(reply.reasoning), highlight=False, markup=False)
             for line in show_tool_calls(reply.tool_calls):
                 out.print(line, highlight=False, markup=False)
-            if reply.content or not reply.tool_calls:
+            if before_markup(reply.content) or not reply.tool_calls:
                 out.print("[dim]answer:[/] ", end="")
-                out.print(reply.content, highlight=False, markup=False)
+                out.print(before_markup(reply.content), highlight=False, markup=False)
         else:
             parts = {"reasoning": "", "content": ""}
             calls: dict[int, dict] = {}
@@ -882,11 +899,13 @@ def invoke(
                     call["name"] += delta.name
                     call["arguments"] += delta.text
                     continue
-                if not parts[delta.kind]:
+                shown = len(before_markup(parts[delta.kind]))  # raw harmony tokens and what follows stay unshown
+                parts[delta.kind] += delta.text
+                text = before_markup(parts[delta.kind])[shown:]
+                if text and not shown:
                     label = "reasoning: " if delta.kind == "reasoning" else "\nanswer: "
                     (err if delta.kind == "reasoning" else out).print(f"[dim]{label}[/]", end="")
-                parts[delta.kind] += delta.text
-                (err if delta.kind == "reasoning" else out).print(delta.text, end="", highlight=False, markup=False)
+                (err if delta.kind == "reasoning" else out).print(text, end="", highlight=False, markup=False)
             out.print()
             reply = ChatReply(parts["content"], parts["reasoning"], finish, {}, tool_calls=list(calls.values()))
             for line in show_tool_calls(reply.tool_calls):
@@ -894,8 +913,9 @@ def invoke(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     ended_early = cut_off(reply.finish_reason, max_tokens)
-    if ended_early and not as_json:  # the JSON carries finish_reason itself
-        err.print(f"[yellow]{ended_early}[/]", highlight=False)
+    for note in (markup_note(reply), ended_early) if not as_json else ():  # the JSON carries both itself
+        if note:
+            err.print(note, style="yellow", highlight=False, markup=False)
     problems = reply_problems(reply) if check else []
     if check and ended_early:
         problems.insert(0, f"was {ended_early}")
@@ -940,9 +960,9 @@ def eval_(
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
     bars: dict = {}
 
-    def on_row(label: str, generated) -> None:
+    def on_row(label: str, generated, total: int) -> None:
         if label not in bars:
-            bars[label] = progress.add_task(f"generating ({label})", total=None)
+            bars[label] = progress.add_task(f"generating ({label})", total=total)
         progress.advance(bars[label])
 
     try:

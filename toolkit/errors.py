@@ -122,7 +122,13 @@ def service_text(text: str) -> str:
 
 def _classify_cloud(exc: BaseException) -> tuple[int, str] | None:
     try:
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
     except ImportError:  # without the aws extra nothing can raise these
         return None
     if isinstance(exc, ClientError):
@@ -139,6 +145,8 @@ def _classify_cloud(exc: BaseException) -> tuple[int, str] | None:
         return BAD_INPUT, f"cannot reach {where}: check aws.region / aws.endpoint_url and the network"
     if isinstance(exc, NoCredentialsError):
         return BAD_INPUT, "no AWS credentials found: run `aws configure` or `aws sso login`, or export AWS_PROFILE"
-    if isinstance(exc, BotoCoreError):
-        return BAD_INPUT, str(exc)
+    if isinstance(exc, ReadTimeoutError):  # the service took the request and did not answer in time
+        return FAILED, f"AWS did not answer in time: {service_text(str(exc))}; try again"
+    if isinstance(exc, BotoCoreError):  # botocore's own: no region, an unknown profile, a malformed parameter
+        return BAD_INPUT, f"AWS client: {service_text(str(exc))}"
     return None

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import BadInput
+from toolkit.files import write_atomically
 from toolkit.resources import HERE as RESOURCES
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _write_cache(cache: dict[str, Any]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, indent=1))
+        write_atomically(path, json.dumps(cache, indent=1))
     except OSError as exc:  # a read-only home: the price is still right, only not remembered
         log.debug("price cache not written: %s", exc)
 

@@ -17,7 +17,9 @@ from toolkit.config.loader import validate
 from toolkit.config.targets import run_home
 from toolkit.deploy.client import (
     ChatReply,
+    before_markup,
     cut_off,
+    markup_note,
     messages_for,
     read_tools,
     reply_problems,
@@ -36,7 +38,9 @@ __all__ = [
     "ExportRole",
     "JobDetached",
     "JobInterrupted",
+    "before_markup",
     "cut_off",
+    "markup_note",
     "messages_for",
     "parse_price_overrides",
     "read_tools",
@@ -455,7 +459,7 @@ def evaluate(
     limit: int | None = None,
     max_tokens: int = 256,
     concurrency: int = 4,
-    on_row: Callable[[str, Any], None] | None = None,
+    on_row: Callable[[str, Any, int], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     overrides: Sequence[str] = (),
     candidate_endpoint: str | None = None,
@@ -487,7 +491,7 @@ def evaluate(
         scored_model,
     )
     from toolkit.evaluate.benchmarks import parse_tasks
-    from toolkit.evaluate.report import build, write
+    from toolkit.evaluate.report import build, clear, write
 
     cfg = _as_config(config, overrides)
     run = None
@@ -502,6 +506,7 @@ def evaluate(
     if target == "endpoint":
         if not candidate_endpoint:
             raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
+        clear(eval_dir(cfg))
         results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
                                              on_status)  # fmt: skip
         report = build(results, baseline=SERVING, scored_model=scored)
@@ -511,6 +516,7 @@ def evaluate(
         raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
     directory = trained_dir(cfg, model_dir)
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
+    clear(eval_dir(cfg))
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results, scored_model=scored_model(cfg, directory))
     _judge_by_gate(cfg, report)

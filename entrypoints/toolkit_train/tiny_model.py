@@ -57,6 +57,11 @@ RECIPE: dict[str, Any] = {
     "seed": 0,
     # gpt-oss's generation_config.json: generation stops at a final answer, the end of text or a tool call
     "generation_eos": ["<|return|>", "<|endoftext|>", "<|call|>"],
+    # and its sampling defaults, which vLLM applies to a request that names none (a third-party client, a curl): a
+    # model this small writes well-formed harmony only near greedy, so greedy (temperature 0, as the eval decodes);
+    # at vLLM's own default of 1.0 most replies came back with raw <|channel|> tokens in the text and no reasoning.
+    # do_sample only satisfies transformers' check that a temperature is for sampling; vLLM reads the temperature.
+    "generation_defaults": {"do_sample": True, "temperature": 0.0},
     # pre-training (see the module docstring); the text's recipe is part of the cache key
     "pretrain_text": "tiny_corpus: generated, no sample row; analysis English 70%, else random; samples' words x4 "
     "shuffled; one shared row for unused tokens",
@@ -189,12 +194,12 @@ def _pretrained(tokenizer, pretrain: bool, tools: bool):
 
 def _save_generation_config(out: Path, tokenizer) -> None:
     """gpt-oss's stop tokens (vLLM adds a generation config's eos ids to every request's stop tokens): without
-    <|call|>, a served tool call would run on into a final answer."""
+    <|call|>, a served tool call would run on into a final answer. And the sampling defaults (RECIPE)."""
     from transformers import GenerationConfig
 
     eos = [tokenizer.convert_tokens_to_ids(token) for token in RECIPE["generation_eos"]]
-    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
-                     pad_token_id=tokenizer.pad_token_id).save_pretrained(out)  # fmt: skip
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+                     **RECIPE["generation_defaults"]).save_pretrained(out)  # fmt: skip
 
 
 def pretraining_conversations(count: int, seed: int, tools: bool = False) -> list:

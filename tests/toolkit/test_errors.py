@@ -232,3 +232,20 @@ def test_every_toolkit_error_says_its_exit_code_by_its_base():
         cls: (classify(cls("x")) or (0, ""))[0] for cls in (DeployError, DeployInputError, TargetError, TargetFailed)
     }
     assert codes == {DeployError: 1, DeployInputError: 2, TargetError: 2, TargetFailed: 1}
+
+
+def test_botocores_own_errors_are_one_line_with_their_exit_code():
+    """Errors botocore raises before or instead of an AWS answer (a malformed parameter: several lines of text; no
+    region; a read timeout) come out as one line, with the cause's exit code."""
+    from botocore.exceptions import NoRegionError, ParamValidationError, ReadTimeoutError
+
+    from toolkit.errors import classify
+
+    s3 = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    with pytest.raises(ParamValidationError) as malformed:  # validated against the model before anything is sent
+        s3.put_object(Bucket="toolkit-b", Key="", Body=b"", ContentLength=-1)
+    assert "\n" in str(malformed.value)
+    for exc, code in ((malformed.value, 2), (NoRegionError(), 2), (ReadTimeoutError(endpoint_url="http://x"), 1)):
+        classified = classify(exc)
+        assert classified is not None and classified[0] == code, exc
+        assert "\n" not in classified[1] and str(exc).split()[0] in classified[1], classified

@@ -31,6 +31,8 @@ def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_
     result = CliRunner().invoke(app, [*args, "--json", "--concurrency", "3"])
     assert result.exit_code == 0, result.output[-3000:]
     assert "scoring the rows the run held out as it was trained (data.eval:" in result.output, result.output[-2000:]
+    rows = held_out_rows()
+    assert "generating (base) " in result.output and f" {rows}/{rows}\n" in result.output  # a bar with its total
     report = json.loads(result.stdout)
     assert set(report["models"]) == {"base", "fine-tuned"}
     for model in report["models"].values():
@@ -48,6 +50,32 @@ def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_
     # the base and the fine-tuned model answered differently: two models were really served
     answers = {label: [r["answer"] for r in m["samples"]] for label, m in report["models"].items()}
     assert answers["base"] != answers["fine-tuned"]
+
+
+def test_an_evaluation_that_fails_leaves_no_earlier_report_as_if_current(main_job_run, tmp_path, monkeypatch):
+    """`toolkit register` attaches runs/<name>/eval/report.json: an evaluation that dies while generating must not
+    leave the previous one there beside its own server logs. The failure is simulated (the generation step raises
+    as a dying vLLM server would); everything before it is the real command."""
+    import toolkit.evaluate
+
+    _, trained_model = main_job_run
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "runs" / "tiny-gpt-oss-local" / "eval"
+    out.mkdir(parents=True)
+    for name in ("report.json", "report.md", "metrics.png"):
+        (out / name).write_text("an earlier evaluation's")
+
+    def dies(*args, **kwargs):
+        from toolkit.deploy import DeployError
+
+        raise DeployError("the vLLM server exited with signal 9 (SIGKILL)")  # what LocalServer raises then
+
+    monkeypatch.setattr(toolkit.evaluate, "evaluate_local", dies)
+    sets = [a for o in (f"local.output_dir={trained_model.parent}", *MAIN_JOB_OVERRIDES) for a in ("--set", o)]
+    result = CliRunner().invoke(app, ["eval", "tiny-gpt-oss-local", *sets])
+    assert result.exit_code == 1 and "signal 9" in result.output, result.output[-2000:]
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in out.iterdir()) == []
 
 
 def test_eval_without_held_out_rows_says_what_to_do(tmp_path, monkeypatch):

@@ -79,6 +79,22 @@ def reply_problems(reply: ChatReply) -> list[str]:
     return problems
 
 
+def before_markup(text: str) -> str:
+    """What of a reply's part is shown as text: all of it up to the first raw harmony token (a reply cut off inside
+    a channel header, or a model writing a second header into its answer), which is never shown as an answer."""
+    found = SPECIAL_TOKEN.search(text)
+    return text if found is None else text[: found.start()]
+
+
+def markup_note(reply: ChatReply) -> str | None:
+    """Why part of a reply was not shown (see before_markup); None when nothing was held back."""
+    leaked = sorted(set(SPECIAL_TOKEN.findall(reply.reasoning + reply.content)))
+    if not leaked:
+        return None
+    return (f"the reply holds raw harmony markup ({' '.join(leaked)}): not shown as text from there on; --json "
+            "shows the reply as the server sent it")  # fmt: skip
+
+
 def cut_off(finish_reason: str, max_tokens: int) -> str | None:
     """What to say about a reply that ended at max_tokens instead of its own end; None for one that ended itself."""
     if finish_reason != "length":

@@ -117,9 +117,10 @@ def generate(
     rows: list[EvalRow],
     max_tokens: int,
     concurrency: int,
-    on_row: Callable[[Generated], None] | None = None,
+    on_row: Callable[[Generated, int], None] | None = None,
 ) -> list[Generated]:
-    """Every row through `client.chat`, `concurrency` requests at a time; failures are kept with their reason."""
+    """Every row through `client.chat`, `concurrency` requests at a time; failures are kept with their reason.
+    `on_row` hears of each finished row with the number of rows (a progress bar's total)."""
 
     def one(row: EvalRow) -> Generated:
         try:
@@ -134,7 +135,7 @@ def generate(
         for future in as_completed(futures):
             results[futures[future]] = future.result()
             if on_row:
-                on_row(results[futures[future]])
+                on_row(results[futures[future]], len(rows))
     return [results[i] for i in range(len(rows))]
 
 
@@ -199,8 +200,11 @@ def scored_model(config: Config, model_dir: Path, training_job: str | None = Non
     }
 
 
-def _labelled(on_row: Callable[[str, Generated], None] | None, label: str) -> Callable[[Generated], None] | None:
-    return None if on_row is None else lambda generated: on_row(label, generated)
+OnRow = Callable[[str, Generated, int], None]  # a model's label, the row it finished, how many rows it has
+
+
+def _labelled(on_row: OnRow | None, label: str) -> Callable[[Generated, int], None] | None:
+    return None if on_row is None else lambda generated, total: on_row(label, generated, total)
 
 
 def evaluate_local(
@@ -209,7 +213,7 @@ def evaluate_local(
     limit: int | None = None,
     max_tokens: int = 256,
     concurrency: int = 4,
-    on_row: Callable[[str, Generated], None] | None = None,
+    on_row: OnRow | None = None,
     on_status: Callable[[str], None] | None = None,
     tasks: list[str] | None = None,
 ) -> list[ModelResult]:
@@ -275,7 +279,7 @@ def evaluate_endpoints(
     limit: int | None = None,
     max_tokens: int = 256,
     concurrency: int = 4,
-    on_row: Callable[[str, Generated], None] | None = None,
+    on_row: OnRow | None = None,
     on_status: Callable[[str], None] | None = None,
 ) -> tuple[list[ModelResult], dict[str, Any]]:
     """Generate through SageMaker (sagemaker-runtime InvokeEndpoint, the OpenAI chat body): the baseline is what the

@@ -10,6 +10,7 @@ from typing import Any
 
 from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRICS, format_problems, score
+from toolkit.files import write_atomically
 
 REPORT_FILE = "report.json"  # what `toolkit register` reads (and attaches to the model package)
 
@@ -138,14 +139,23 @@ def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) 
             "rows": (run.get("data") or {}).get("eval", {}).get("rows_out"),
         }
         report["validation"] = validation  # the returned report shows it too
-    written = {"json": out / REPORT_FILE, "markdown": out / "report.md", "chart": out / "metrics.png"}
-    written["json"].write_text(json.dumps(report, indent=2, default=str))
-    written["markdown"].write_text(markdown(report, validation))
+    written = {"markdown": out / "report.md", "chart": out / "metrics.png"}
+    write_atomically(written["markdown"], markdown(report, validation))
     _chart(report, written["chart"])
     if run is not None and run.get("log_history"):
         written["curves"] = out / "loss.png"
         loss_curves(run["log_history"], written["curves"])
+    # report.json last and whole: its presence is what says "this evaluation finished" to `toolkit register`
+    written["json"] = out / REPORT_FILE
+    write_atomically(written["json"], json.dumps(report, indent=2, default=str))
     return {k: str(v) for k, v in written.items()}
+
+
+def clear(out: Path) -> None:
+    """Before an evaluation generates anything: the previous report goes, so an evaluation that fails or is
+    interrupted leaves no report beside its own server logs that `toolkit register` would attach as current."""
+    for name in (REPORT_FILE, "report.md", "metrics.png", "loss.png"):
+        (out / name).unlink(missing_ok=True)
 
 
 def base_eval_loss(log_history: list[dict[str, Any]]) -> float | None:

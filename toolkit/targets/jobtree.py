@@ -20,6 +20,7 @@ from toolkit_train.settings import EXPLICIT_PATH, failure_elsewhere, to_hyperpar
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
+from toolkit.files import write_atomically
 
 if TYPE_CHECKING:
     from toolkit.targets.base import JobState
@@ -161,8 +162,8 @@ def write_settings(config: Config, root: Path) -> None:
     path = settings_file(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     hyperparameters = to_hyperparameters(config.train_settings())
-    path.write_text(json.dumps(hyperparameters, indent=2))
-    trajectory_file(root).write_text(trajectory_text(hyperparameters))
+    write_atomically(path, json.dumps(hyperparameters, indent=2))
+    write_atomically(trajectory_file(root), trajectory_text(hyperparameters))
     (root / "output").mkdir(exist_ok=True)
     (root / "output" / "failure").unlink(missing_ok=True)
 

@@ -24,7 +24,9 @@ from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyper
 from toolkit import aws, digest, sagemaker_sdk
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.config.members import CONFIG_TAG
 from toolkit.config.targets import run_home
+from toolkit.files import write_atomically
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, tail
 from toolkit.targets.jobtree import stage_code
@@ -39,7 +41,6 @@ STATUS = {
     "Stopping": Status.RUNNING,
     "Stopped": Status.STOPPED,
 }
-CONFIG_TAG = "toolkit:config"
 USER_VALIDATE_ROLE = os.environ.get("SAGEMAKER_VALIDATE_ROLE", "true")
 
 
@@ -148,8 +149,7 @@ def _state(description: dict) -> JobState:
 def _record(config: Config, state: JobState) -> None:
     """Remember the latest finished job locally too (deploy also finds it through the API)."""
     path = run_home(config.name) / "training-job.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"job": state.name, "artifacts": dict(state.artifacts)}, indent=2))
+    write_atomically(path, json.dumps({"job": state.name, "artifacts": dict(state.artifacts)}, indent=2))
 
 
 class TrainingJobTarget(Target):

@@ -8,7 +8,10 @@ container start-up, health checks and traffic shifting (SageMaker's side).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import re
 
 import boto3
 import pytest
@@ -16,6 +19,7 @@ from botocore.stub import Stubber
 from typer.testing import CliRunner
 
 from tests.botocore_model import assert_valid_call
+from tests.runs import REPO
 from toolkit import sdk
 from toolkit.cli import app
 from toolkit.config import load_config
@@ -133,6 +137,42 @@ def test_cli_dry_run_prints_every_request_and_creates_nothing(aws_env, tmp_path)
     assert [next(iter(r)) for r in requests] == ["create_model", "create_endpoint_config", "create_endpoint"]
     assert requests[0]["create_model"]["PrimaryContainer"]["Image"] == IMAGE
     assert sagemaker().list_models()["Models"] == [] and sagemaker().list_endpoints()["Endpoints"] == []
+
+
+@contextlib.contextmanager
+def _aws_call_log(calls: list[str]):
+    """toolkit.aws's call log (`toolkit -v`: one line per AWS call) into `calls`."""
+    logger = logging.getLogger("toolkit.aws")
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: calls.append(record.getMessage())  # type: ignore[method-assign]
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_the_endpoint_dry_runs_only_read_and_the_docs_name_every_read(aws_env):
+    """`deploy --dry-run` shows what would change, so it reads what exists (the endpoint, its config and model);
+    it never writes, and docs/config-reference.md names each read it makes (the toolkit.aws call log)."""
+    sdk.deploy(config(aws_env), image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    completed_training_job(aws_env, "tiny-gpt-oss-local-20261130120000")
+    reads = set()
+    for existing, model in ((True, ["--model-data", MODEL]), (False, []), (False, ["--model-data", MODEL])):
+        if not existing and sagemaker().list_endpoints()["Endpoints"]:  # an update, then first deployments
+            sagemaker().delete_endpoint(EndpointName="tiny-gpt-oss-local")
+        calls: list[str] = []
+        with _aws_call_log(calls):
+            result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--set", f"aws.role={aws_env['role']}",
+                                              "--dry-run", "--image-uri", IMAGE + "x", *model])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        reads |= {re.match(r"[\w-]+\.\w+", call).group(0) for call in calls}  # type: ignore[union-attr]
+    assert reads and all(op.split(".")[1].startswith(("Describe", "List", "Get")) for op in reads), reads
+    docs = " ".join((REPO / "docs" / "config-reference.md").read_text().split())
+    assert all(op.split(".")[1] in docs for op in reads), sorted(reads)
 
 
 def test_every_deploy_request_is_valid_for_aws_and_the_dry_run_shows_autoscaling(aws_env):

@@ -91,6 +91,51 @@ def test_streaming_and_the_official_openai_client(server, trained):
         client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=4)
 
 
+def test_a_request_without_temperature_gets_the_models_own_default(server, trained):
+    """Third-party clients often send no temperature: vLLM then applies the model's generation_config.json (the
+    tiny models': greedy, as the eval decodes), not its own 1.0, under which a model this small writes broken
+    harmony. Two such requests give the greedy reply, reasoning and answer."""
+    import openai
+
+    cfg, _ = trained
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+    def ask(**extra) -> dict:
+        reply = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=48, **extra)
+        return reply.choices[0].message.model_dump()
+
+    greedy = ask(temperature=0)
+    assert ask() == greedy and ask() == greedy
+
+
+def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_in_reasoning_or_answer_and_stays_in_it(server, trained):
+    """vLLM's semantics for gpt-oss, as docs/serving.md states them (OpenAI's differ: there the stop string is left
+    out): stop strings are matched over the whole generation, the reasoning included; the reply ends at the first
+    match, which stays in the text; vLLM's `stop_reason` names the string. A match in the reasoning leaves no answer."""
+    import openai
+
+    cfg, _ = trained
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+    def ask(**extra):
+        reply = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=96, temperature=0,
+                                               **extra).choices[0]  # fmt: skip
+        return reply, reply.message.model_dump()
+
+    _, free = ask()
+    reasoning, answer = free["reasoning"], free["content"]
+    assert reasoning and answer
+    in_reasoning = reasoning.split()[len(reasoning.split()) // 2].strip(".,")
+    stopped, message = ask(stop=[in_reasoning])
+    assert (stopped.finish_reason, stopped.model_extra.get("stop_reason")) == ("stop", in_reasoning)
+    assert message["reasoning"] == reasoning[: reasoning.index(in_reasoning) + len(in_reasoning)]
+    assert not message["content"]
+    in_answer = next(word.strip(".,") for word in answer.split() if word.strip(".,") not in reasoning)
+    stopped, message = ask(stop=[in_answer])
+    assert stopped.finish_reason == "stop" and message["reasoning"] == reasoning
+    assert message["content"] == answer[: answer.index(in_answer) + len(in_answer)]
+
+
 def test_concurrent_seeded_requests_are_all_answered_and_the_server_stays_up(server, trained):
     """Fifty concurrent requests that each set `seed` once killed the local server: vLLM rewinds a seeded
     generator after a partial (chunked) prefill, which the CPU generator cannot do ("CPU Generator does not use
@@ -283,6 +328,13 @@ def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trai
         message = " ".join(checked.stderr.split())
         assert checked.exit_code == 1 and "the reply was cut off at --max-tokens 4" in message, checked.output
         assert "has no answer (final channel)" in message
+        # one token: cut inside the first channel header, which vLLM returns as text: never shown as an answer
+        in_header = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-local", "Wie viele Minuten hat ein Tag?",
+                                             "--url", server.url, "--max-tokens", "1", "--temperature", "0",
+                                             streamed])  # fmt: skip
+        assert in_header.exit_code == 0 and "<|" not in in_header.stdout, in_header.output
+        said = " ".join(in_header.stderr.split())
+        assert "raw harmony markup (<|channel|>): not shown" in said and "--max-tokens 1" in said, in_header.output
     assert "cut off" not in by_url.output  # a reply that ended by itself
 
     with SageMakerRuntime(server.url, "tiny-gpt-oss-local") as runtime:
