@@ -194,6 +194,17 @@ class EvalSplit(StrictModel):
             raise ValueError("data.eval.source is empty: name a file, directory or hub dataset of held-out rows")
         if self.source is not None:
             _nameable("data.eval.source", self.source)
+        # a setting of one way that the other way ignores: refused, not silently dropped
+        if self.fraction is not None and self.split is not None:
+            raise ValueError(
+                f"data.eval.split: {self.split!r} names a split of data.eval.source, but data.eval.fraction holds out "
+                "rows of data.source's data.split: remove data.eval.split, or use data.eval.source"
+            )
+        if self.source is not None and self.seed != EvalSplit.model_fields["seed"].default:
+            raise ValueError(
+                f"data.eval.seed: {self.seed} chooses which rows data.eval.fraction holds out, but data.eval.source "
+                "names the held-out rows itself: remove data.eval.seed"
+            )
         return self
 
 

@@ -65,3 +65,36 @@ def test_no_text_field_echoes_a_long_value_whole():
             load_config("tiny-gpt-oss-local", [f"{path}={long}", "target=hyperpod", "hyperpod.cluster=c"])
         except ConfigError as exc:
             assert "x" * 100 not in str(exc), f"{path}: {str(exc)[:300]}"
+
+
+def test_a_held_out_setting_the_chosen_way_ignores_is_refused(tmp_path):
+    """data.eval holds out rows one of two ways; a setting of the other way would do nothing (a split of a source
+    that is not used, a seed that chooses nothing): refused with the field and what to do, the way's own accepted."""
+    refused(validate("tiny-gpt-oss-local", "--set", "data.eval.fraction=0.25", "--set", "data.eval.split=test",
+                     cwd=tmp_path), "data.eval.split: 'test' names a split of data.eval.source")  # fmt: skip
+    refused(validate("tiny-gpt-oss-local", "--set", "data.eval.source=held.jsonl", "--set", "data.eval.seed=7",
+                     cwd=tmp_path), "data.eval.seed: 7 chooses which rows data.eval.fraction holds out")  # fmt: skip
+    for own_way in (["data.eval.fraction=0.25", "data.eval.seed=7"], ["data.eval.source=h.jsonl", "data.eval.split=x"]):
+        sets = [arg for value in own_way for arg in ("--set", value)]
+        assert validate("tiny-gpt-oss-local", *sets, cwd=tmp_path).returncode == 0, own_way
+
+
+def test_the_nodes_python_beside_a_slurm_container_image_is_refused(tmp_path):
+    """On Slurm with hyperpod.image (pyxis) the job runs the image's own python: hyperpod.python would do nothing."""
+    slurm = ["--set", "hyperpod.orchestrator=slurm", "--set", "hyperpod.cluster=c"]
+    with_image = validate("tiny-gpt-oss-local", *slurm, "--set", "hyperpod.python=/opt/venv/bin/python", "--set",
+                          "hyperpod.image=registry.local/train:1", cwd=tmp_path)  # fmt: skip
+    refused(with_image, "hyperpod.python: '/opt/venv/bin/python' is the nodes' Python for Slurm without a container")
+    assert validate("tiny-gpt-oss-local", *slurm, "--set", "hyperpod.python=/opt/venv/bin/python",
+                    cwd=tmp_path).returncode == 0  # fmt: skip
+
+
+def test_an_fsx_mount_path_that_no_pod_or_pyxis_can_mount_is_refused(tmp_path):
+    hyperpod = ["--set", "target=hyperpod", "--set", "hyperpod.cluster=c"]
+    for bad in ("fsx", "/fsx:/data", "/my fsx", "/fsx/../etc"):
+        refused(validate("tiny-gpt-oss-local", *hyperpod, "--set", f"hyperpod.fsx.mount_path={bad}", cwd=tmp_path),
+                "hyperpod.fsx.mount_path: ")  # fmt: skip
+    assert (
+        validate("tiny-gpt-oss-local", *hyperpod, "--set", "hyperpod.fsx.mount_path=/lustre/", cwd=tmp_path).returncode
+        == 0
+    )

@@ -40,6 +40,7 @@ REFUSED = {
     "serving.routing": None,
     "serving.rollback_alarms": "['   ']",
     "serving.component_memory_mb": "64",
+    "serving.vllm_args": "{max.model-len: 4096}",  # SM_VLLM_MAX.MODEL_LEN: not an environment variable name
     "serving.repository": "Team_Images",
     "hyperpod.image_repository": "-images",
 }
@@ -168,3 +169,15 @@ def test_every_text_setting_at_a_length_aws_refuses_is_refused_or_reaches_a_vali
         assert_valid("sagemaker", "CreateTrainingJob", request)
         walked += 1
     assert walked > 0 and {"model.id", "data.source", "data.split", "training_job.image_uri"} <= set(refused), refused
+
+
+def test_the_toolkits_own_tag_counts_toward_awss_fifty_and_its_prefix_is_reserved():
+    """Every training job also carries toolkit:config (how `jobs` finds a config's jobs): 49 tags of the user's fit,
+    50 make 51 in the request, which CreateTrainingJob refuses; a key of the toolkit's prefix would be overwritten."""
+    tags = {f"team{i}": "x" for i in range(50)}
+    with pytest.raises(ConfigError, match=r"training_job.tags: 51 entries, where AWS takes 0 to 50 .*toolkit:config"):
+        load_config("gpt-oss-20b-lora", [f"training_job.tags={tags}"])
+    del tags["team49"]
+    assert load_config("gpt-oss-20b-lora", [f"training_job.tags={tags}"]).training_job.tags == tags
+    with pytest.raises(ConfigError, match="tag key 'toolkit:owner' starts with 'toolkit:', which the toolkit reserves"):
+        load_config("gpt-oss-20b-lora", ["training_job.tags={toolkit:owner: me}"])

@@ -28,10 +28,26 @@ if TYPE_CHECKING:
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600  # API_StoppingCondition: "The maximum value is 2,419,200 seconds (28 days)"
 
 
-def _no_aws_prefix(tags: list[dict[str, str]]) -> str | None:
-    """Tag keys may not start with aws: (reserved: docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html)"""
-    reserved = [t["Key"] for t in tags if t["Key"].lower().startswith("aws:")]
-    return f"tag key {reserved[0]!r} starts with 'aws:', which AWS reserves for its own tags" if reserved else None
+# The tag the toolkit puts on every training job beside the user's (its config's name: how `jobs` finds a config's
+# jobs); it counts toward AWS's 50 tags per resource, and its prefix is the toolkit's own.
+CONFIG_TAG = "toolkit:config"
+
+
+def _with_config_tag(tags: dict[str, str]) -> list[dict[str, str]]:
+    """The Tags member as CreateTrainingJob carries it: the user's tags, then the toolkit's own."""
+    return [{"Key": k, "Value": v} for k, v in {**tags, CONFIG_TAG: "config-name"}.items()]
+
+
+def _no_reserved_prefix(tags: list[dict[str, str]]) -> str | None:
+    """Tag keys may not start with aws: (reserved: docs.aws.amazon.com/tag-editor/latest/userguide/tagging.html),
+    nor with the toolkit's own prefix (its tag would overwrite the user's)."""
+    mine = CONFIG_TAG.split(":")[0] + ":"
+    for tag in tags[:-1]:  # the last is the toolkit's own
+        if tag["Key"].lower().startswith("aws:"):
+            return f"tag key {tag['Key']!r} starts with 'aws:', which AWS reserves for its own tags"
+        if tag["Key"].lower().startswith(mine):
+            return f"tag key {tag['Key']!r} starts with {mine!r}, which the toolkit reserves for its own ({CONFIG_TAG})"
+    return None
 
 
 # S3's safe characters for object keys (docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html): a prefix of
@@ -56,6 +72,17 @@ def _within_28_days(seconds: int) -> str | None:
     return None
 
 
+def vllm_flag_environment(vllm_args: dict[str, str | int | float | bool]) -> dict[str, str]:
+    """serving.vllm_args as the serving container receives them (containers/serving/serve.py turns SM_VLLM_<NAME>
+    back into --<name>): true: --flag, false: --no-flag."""
+    return {
+        "SM_VLLM_" + flag.removeprefix("--").replace("-", "_").upper(): str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+        for flag, value in vllm_args.items()
+    }
+
+
 @dataclass(frozen=True)
 class Member:
     service: str  # botocore's service name
@@ -63,6 +90,7 @@ class Member:
     path: str  # the member in the operation's input: dotted, `[]` steps into a list's items
     to_request: Callable[[Any], Any] | None = None  # the value as the request carries it (default: as it is)
     also: Callable[[Any], str | None] | None = None  # a documented rule botocore's model does not carry
+    sent_with: str = ""  # what the toolkit adds to the value in the request (said with a problem)
 
 
 _TRAIN, _ENDPOINT_CONFIG = ("sagemaker", "CreateTrainingJob"), ("sagemaker", "CreateEndpointConfig")
@@ -80,7 +108,7 @@ MEMBERS: dict[str, Member] = {
     "training_job.image_uri": Member(*_TRAIN, "AlgorithmSpecification.TrainingImage"),
     "training_job.hf_token_secret": Member(*_TRAIN, "Environment", lambda name: {"TOOLKIT_HF_TOKEN_SECRET": name}),
     "training_job.tags": Member(
-        *_TRAIN, "Tags", lambda tags: [{"Key": k, "Value": v} for k, v in tags.items()], also=_no_aws_prefix
+        *_TRAIN, "Tags", _with_config_tag, also=_no_reserved_prefix, sent_with=f"the toolkit's own tag {CONFIG_TAG}"
     ),
     "serving.endpoint_name": Member("sagemaker", "CreateEndpoint", "EndpointName"),
     "serving.image_uri": Member("sagemaker", "CreateModel", "PrimaryContainer.Image"),
@@ -105,6 +133,7 @@ MEMBERS: dict[str, Member] = {
     "aws.prefix": Member(
         *_TRAIN, "OutputDataConfig.S3OutputPath", lambda prefix: f"s3://{_BUCKET}/{prefix}/{_KEY}", _clean_key_prefix
     ),
+    "serving.vllm_args": Member("sagemaker", "CreateModel", "PrimaryContainer.Environment", vllm_flag_environment),
     "serving.repository": Member("ecr", "CreateRepository", "repositoryName"),
     "hyperpod.image_repository": Member("ecr", "CreateRepository", "repositoryName"),
 }
@@ -128,7 +157,6 @@ CHECKED_ELSEWHERE: dict[str, str] = {
     "serving.max_model_len": "a vLLM flag in the container environment, checked against the model's context",
     "serving.gpu_memory_utilization": "a vLLM flag in the container environment (0-1 in the schema)",
     "serving.max_num_seqs": "a vLLM flag in the container environment",
-    "serving.vllm_args": "vLLM flags in the container environment (SM_VLLM_*), vLLM's own arguments",
     "serving.max_loras": "a vLLM flag in the container environment",
     "serving.local_port": "this machine only",
     "serving.local_python": "this machine only",
@@ -203,7 +231,8 @@ def member_problem(path: str, member: Member, value: Any) -> str | None:
     problem = shape_problem(member_shape(member), sent) or (member.also(sent) if member.also else None)
     if problem is None:
         return None
-    return f"{path}: {problem} ({member.operation} {member.path}); give a value AWS accepts"
+    added = f", with {member.sent_with}" if member.sent_with else ""
+    return f"{path}: {problem} ({member.operation} {member.path}{added}); give a value AWS accepts"
 
 
 # Every training setting reaches a training job as a hyperparameter (toolkit_train.settings.to_hyperparameters: the

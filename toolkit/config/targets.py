@@ -152,6 +152,18 @@ class FsxSettings(StrictModel):
     claim: str = Field("fsx-claim", description="EKS: the PersistentVolumeClaim name.")
     mount_path: str = Field("/fsx", description="Where the filesystem is mounted on every node.")
 
+    @field_validator("mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        """A pod's volume mountPath and pyxis's --container-mounts=<path>:<path> take an absolute path; a ':' would
+        split the mount, whitespace the command line, and '..' leaves the filesystem."""
+        if not value.startswith("/") or ":" in value or any(c.isspace() for c in value) or ".." in value.split("/"):
+            raise ValueError(
+                f"hyperpod.fsx.mount_path: {brief(value)} is not an absolute path without ':', spaces or '..': give "
+                "where the cluster mounts FSx, e.g. /fsx"
+            )
+        return value.rstrip("/") or "/"
+
 
 class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", module="toolkit.targets.hyperpod"):
     """A HyperPod cluster, orchestrated by EKS or Slurm."""
@@ -217,6 +229,13 @@ class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", mo
                 problem = k8s_name_problem(name, kind) if name else None
                 if problem:
                     raise ValueError(f"hyperpod.{field}: {problem}")
+        default_python = HyperPodSettings.model_fields["python"].default
+        if self.orchestrator == "slurm" and self.image and self.python != default_python:  # pyxis: the image's own
+            raise ValueError(
+                f"hyperpod.python: {brief(self.python)} is the nodes' Python for Slurm without a container image, "
+                f"but hyperpod.image runs the job in {brief(self.image)}, with the image's own python: remove "
+                "hyperpod.python, or hyperpod.image"
+            )
         return self
 
     def gpus(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from toolkit.config.members import vllm_flag_environment
 from toolkit.errors import BadInput, Failed
 
 if TYPE_CHECKING:
@@ -44,7 +45,4 @@ def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
         env["SM_VLLM_ADAPTER_NAME"] = ADAPTER_NAME
         env["SM_VLLM_MAX_LORAS"] = str(serving.max_loras)
         env["TOOLKIT_LORA_RANK"] = str(config.lora.max_rank)  # serve.py rounds it up to a --max-lora-rank vLLM allows
-    for flag, value in serving.vllm_args.items():
-        text = str(value).lower() if isinstance(value, bool) else str(value)  # true: --flag, false: --no-flag
-        env["SM_VLLM_" + flag.removeprefix("--").replace("-", "_").upper()] = text
-    return env
+    return {**env, **vllm_flag_environment(serving.vllm_args)}
