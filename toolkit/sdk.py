@@ -54,9 +54,9 @@ if TYPE_CHECKING:
     from toolkit.deploy.client import ChatClient
     from toolkit.deploy.endpoint import Endpoints, EndpointState, Package, Request
     from toolkit.deploy.local import LocalServer
-    from toolkit.deploy.registry import Registration
     from toolkit.infra import Plan
     from toolkit.plan import Plan as RunPlan
+    from toolkit.registry import Registration
 
 
 @dataclass
@@ -446,7 +446,7 @@ def register(
     (`report`, default runs/<name>/eval/report.json when there is one) attached and the approval status from
     `registry.gate`: passes -> Approved, fails -> Rejected, no report -> PendingManualApproval; `approve` is the
     manual override. A report that scored another model is refused (`ReportError`)."""
-    from toolkit.deploy.registry import register as register_model
+    from toolkit.registry import register as register_model
 
     cfg = _as_config(config, overrides)
     return register_model(cfg, _image(cfg, image_uri), job_name, approve, report)
@@ -477,10 +477,11 @@ def evaluate(
     import contextlib
     import json
 
+    from toolkit_train.layout import RUN_RECORD
+
     from toolkit.deploy import DeployInputError
     from toolkit.deploy.local import model_dir as trained_dir
     from toolkit.evaluate import (
-        RUN_RECORD,
         SERVING,
         EvalInputError,
         as_trained,

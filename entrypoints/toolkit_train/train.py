@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
 
 from . import checkpoints, trained
 from .faults import FAULT_POINT_ENV, fault_point, starve_for_test
+from .layout import DEFAULT_ML_ROOT, ML_ROOT_ENV, RUN_RECORD, RunTree, write_json_atomically
 from .metrics import format_metrics
 from .settings import (
     AWS_REGION_ENV,
@@ -70,7 +71,7 @@ class Paths:
     @classmethod
     def from_env(cls) -> Paths:
         env = os.environ
-        root = Path(env.get("TOOLKIT_ML_ROOT", "/opt/ml"))
+        root = Path(env.get(ML_ROOT_ENV, DEFAULT_ML_ROOT))
         return cls(
             root=root,
             model_dir=Path(env.get("SM_MODEL_DIR", root / "model")),
@@ -81,11 +82,11 @@ class Paths:
 
     @property
     def hyperparameters(self) -> Path:
-        return self.root / "input" / "config" / "hyperparameters.json"
+        return RunTree(self.root).hyperparameters
 
     @property
     def failure(self) -> Path:
-        return self.root / "output" / "failure"
+        return RunTree(self.root).failure
 
 
 def rank() -> int:
@@ -488,7 +489,7 @@ def resume_point(paths: Paths) -> Path | None:
 
 def already_completed(settings: TrainSettings, paths: Paths) -> bool:
     """run.json is written last, after the adapter and the merge: present with these settings = nothing to do."""
-    record = paths.model_dir / "run.json"
+    record = paths.model_dir / RUN_RECORD
     try:
         return json.loads(record.read_text())["settings"] == settings.model_dump(mode="json")
     except (OSError, ValueError, KeyError):
@@ -569,7 +570,7 @@ def write_outputs(settings: TrainSettings, paths: Paths, tokenizer, summary: dic
     fault_point("before-merge")
     if settings.training.merge_adapter:
         write_whole(paths.model_dir / "merged", lambda out: merge(settings, adapter_dir, out, tokenizer))
-    (paths.model_dir / "run.json").write_text(json.dumps(summary, indent=2))
+    write_json_atomically(paths.model_dir / RUN_RECORD, summary)  # a kill mid-write leaves no torn "complete"
     log(f"adapter: {adapter_dir}")
     if settings.training.merge_adapter:
         log(f"merged model: {paths.model_dir / 'merged'}")
@@ -597,7 +598,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
 
     started = time.monotonic()
     if already_completed(settings, paths):
-        log(f"this run is already complete ({paths.model_dir / 'run.json'}): nothing to train; --fresh starts over")
+        log(f"this run is already complete ({paths.model_dir / RUN_RECORD}): nothing to train; --fresh starts over")
         return 0
     tokenizer = load_tokenizer(settings.model)
     dataset, data_stats, eval_dataset, eval_stats = load_dataset(settings, paths, tokenizer)
@@ -666,7 +667,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
         if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
             paths.failure.parent.mkdir(parents=True, exist_ok=True)
-            paths.failure.with_name("stopped").write_text(f"stopped at step {trainer.state.global_step}\n")
+            RunTree(paths.root).stopped.write_text(f"stopped at step {trainer.state.global_step}\n")
         leave_process_group()
         return EXIT_INTERRUPTED
     if settings.training.distributed == "ddp":

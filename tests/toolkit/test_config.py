@@ -308,6 +308,9 @@ def test_set_keeps_text_fields_as_typed():
                                              "aws.prefix=007", "lora.r=16"])  # fmt: skip
     assert cfg.training_job.tags == {"run": "007"} and cfg.model.revision == "2024-01-01"
     assert cfg.aws.prefix == "007" and cfg.lora.r == 16
+    # and null unsets an optional text setting, as in a YAML file (it was the text "null": an image named null)
+    unset = load_config("tiny-gpt-oss-local", ["model.revision=abc", "model.revision=null", "serving.image_uri=~"])
+    assert unset.model.revision is None and unset.serving.image_uri is None
 
 
 @pytest.mark.parametrize("secret", ["hf_" + "a" * 34, "AKIA" + "B" * 16])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.toolkit.deploy.test_endpoint import IMAGE, completed_training_job
 from toolkit.cli import app
-from toolkit.deploy.registry import Registration
+from toolkit.registry import Registration
 
 pytestmark = pytest.mark.integration
 

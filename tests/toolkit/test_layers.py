@@ -116,3 +116,22 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
             seen.add(current)
             frontier.extend(graph[current])
     return seen
+
+
+def test_no_circle_between_the_toolkits_packages():
+    """The same at the level of the packages and top modules (toolkit.deploy, toolkit.evaluate, toolkit.registry,
+    ...): the floors run one way. The registry reads eval reports and deploy's serving settings, eval serves through
+    deploy; deploy never reaches back into either (it did: the registry lived inside deploy)."""
+    modules = _toolkit_modules()
+
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    graph: dict[str, set[str]] = {package(m): set() for m in modules}
+    for module, path in modules.items():
+        graph[package(module)] |= {
+            package(name) for name in _runtime_imports(path) if name in modules and package(name) != package(module)
+        }
+    circles = sorted({tuple(sorted(m for m in _reach(graph, p) if p in _reach(graph, m))) for p in graph
+                      if p in _reach(graph, p)})  # fmt: skip
+    assert circles == [], f"circles between packages: {circles}"

@@ -186,7 +186,8 @@ def _apply_override(raw: dict, item: str) -> None:
         raise ConfigError(f"--set {brief(item)}: {exc.args[0].split(' (')[0]}; keep one") from None
     except yaml.YAMLError:
         value = text
-    if _is_text_field(dotted.split(".")) and not isinstance(value, str) and not isinstance(value, list | dict):
+    written_null = value is None and text.strip() != ""  # null or ~: unset (an optional field), as in a YAML file
+    if _is_text_field(dotted.split(".")) and not written_null and not isinstance(value, str | list | dict):
         value = text  # a string field keeps what was typed: 007 stays "007", 2024-01-01 is not a date
     *parents, leaf = dotted.split(".")
     node = raw

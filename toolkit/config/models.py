@@ -139,12 +139,21 @@ class ServingSettings(StrictModel):
         return self
 
 
+# The eval report's metrics, each with what it measures: the vocabulary registry.gate names here and
+# toolkit.evaluate.scoring scores (its table of scorers is keyed by these names, checked on import).
+FORMAT_VALID = "format_valid"  # the promotion gate's format floor reads this metric (registry.gate.min_format_valid)
+EVAL_METRICS = {
+    "rougeL": "ROUGE-L F1 of the final channel against the reference answer",
+    "chrF": "chrF of the final channel against the reference answer (0..1)",
+    "reasoning_language": "analysis channel in the requested reasoning language",
+    FORMAT_VALID: "both channels, no special tokens, stop reached, no runaway repetition",
+}
+
+
 class GateSettings(StrictModel):
     """`toolkit register`'s gate over the eval report: passes: Approved, fails: Rejected, no report: pending."""
 
-    metric: str = Field(
-        "rougeL", description="The eval report's metric to compare (one of toolkit.evaluate.scoring.METRICS)."
-    )
+    metric: str = Field("rougeL", description=f"The eval report's metric to compare: {', '.join(EVAL_METRICS)}.")
     min_margin: float = Field(
         0.0, ge=-1, le=1, description="Fine-tuned minus baseline on `metric` must be at least this (metrics are 0..1)."
     )
@@ -159,12 +168,10 @@ class GateSettings(StrictModel):
     @field_validator("metric")
     @classmethod
     def _scored_metric(cls, value: str) -> str:
-        from toolkit.evaluate.scoring import METRIC_NAMES  # the scorer's one table (light: no scoring library loads)
-
-        if value not in METRIC_NAMES:
+        if value not in EVAL_METRICS:
             raise ValueError(
                 f"registry.gate.metric: {brief(value)} is not a metric the eval report has; use one of: "
-                f"{', '.join(METRIC_NAMES)}"
+                f"{', '.join(EVAL_METRICS)}"
             )
         return value
 

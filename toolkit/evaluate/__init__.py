@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit_train.layout import RUN_RECORD
+
 from toolkit.config import Config
 from toolkit.errors import BadInput
 
@@ -180,9 +182,6 @@ def eval_dir(config: Config) -> Path:
     from toolkit.config.targets import run_home
 
     return run_home(config.name) / "eval"
-
-
-RUN_RECORD = "run.json"  # what a completed training run writes last in its model directory (on every target)
 
 
 def scored_model(config: Config, model_dir: Path, training_job: str | None = None) -> dict[str, Any]:

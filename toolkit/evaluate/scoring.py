@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from toolkit.config.models import EVAL_METRICS, FORMAT_VALID
 from toolkit.deploy.client import reply_problems
 
 REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
@@ -86,14 +87,11 @@ class Metric:
     describes: str
 
 
-FORMAT_VALID = "format_valid"  # the promotion gate's format floor reads this metric (registry.gate.min_format_valid)
-METRICS = (
-    Metric("rougeL", rouge_l, "ROUGE-L F1 of the final channel against the reference answer"),
-    Metric("chrF", chrf, "chrF of the final channel against the reference answer (0..1)"),
-    Metric("reasoning_language", reasoning_language, "analysis channel in the requested reasoning language"),
-    Metric(FORMAT_VALID, format_valid, "both channels, no special tokens, stop reached, no runaway repetition"),
-)
-METRIC_NAMES = tuple(m.name for m in METRICS)
+SCORERS = {"rougeL": rouge_l, "chrF": chrf, "reasoning_language": reasoning_language, FORMAT_VALID: format_valid}
+if set(SCORERS) != set(EVAL_METRICS):  # the config's vocabulary and the scorers are one table in two halves
+    raise ImportError(f"scorers {sorted(SCORERS)} differ from the report's metrics {sorted(EVAL_METRICS)}")
+METRICS = tuple(Metric(name, SCORERS[name], describes) for name, describes in EVAL_METRICS.items())
+METRIC_NAMES = tuple(EVAL_METRICS)
 
 
 def score(generated: Any) -> dict[str, float | None]:

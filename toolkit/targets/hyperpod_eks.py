@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from toolkit_train.layout import ML_ROOT_ENV, RUN_RECORD
 from toolkit_train.settings import (
     RANK_SHUTDOWN_SECONDS,
     STOP_WINDOW_SECONDS,
@@ -126,7 +127,7 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         "image": hp.image,
         "command": ["bash", "-c", setup],
         "env": [
-            {"name": "TOOLKIT_ML_ROOT", "value": str(root)},
+            {"name": ML_ROOT_ENV, "value": str(root)},
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             *({"name": k, "value": v} for k, v in TORCHRUN_SHUTDOWN_ENV.items()),
         ],
@@ -320,8 +321,8 @@ class EksJob(Job):
 EXPORT_SCRIPT = """
 import pathlib, sys, boto3
 source, bucket, prefix, region = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].rstrip("/"), sys.argv[4]
-if not (source / "run.json").is_file():
-    sys.exit(f"no completed run in {source}: run.json is missing")
+if not (source / "RUN_RECORD").is_file():
+    sys.exit(f"no completed run in {source}: RUN_RECORD is missing")
 s3 = boto3.client("s3", region_name=region)
 files = sorted(p for p in source.rglob("*") if p.is_file())
 for number, path in enumerate(files, 1):
@@ -329,7 +330,9 @@ for number, path in enumerate(files, 1):
     print(f"[{number}/{len(files)}] {path.relative_to(source)}", flush=True)
 s3.put_object(Bucket=bucket, Key=f"{prefix}/MARKER", Body=b"")
 print(f"exported {len(files)} files to s3://{bucket}/{prefix}/", flush=True)
-""".replace("MARKER", UPLOAD_MARKER)  # written last, as every toolkit upload: the prefix holds a whole model
+""".replace("MARKER", UPLOAD_MARKER).replace(
+    "RUN_RECORD", RUN_RECORD
+)  # the marker last: the prefix holds a whole model
 
 
 def export_job(config: Config, run_id: str, bucket: str, prefix: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit_train.layout import ML_ROOT_ENV, RunTree
 from toolkit_train.settings import TORCHRUN_SHUTDOWN_ENV
 
 from toolkit.config import Config
@@ -135,7 +136,7 @@ def sbatch_script(config: Config, auto_resume: bool | None = None, gpu_gres: boo
             f"--container-name={shlex.quote(config.name)} "
         )
         python = "python"
-    lines += ["set -euo pipefail", f"export TOOLKIT_ML_ROOT={shlex.quote(str(root))}", "export PYTHONUNBUFFERED=1"]
+    lines += ["set -euo pipefail", f"export {ML_ROOT_ENV}={shlex.quote(str(root))}", "export PYTHONUNBUFFERED=1"]
     lines += [f"export {name}={value}" for name, value in TORCHRUN_SHUTDOWN_ENV.items()]  # the stop window
     if hp.gpus_per_node and instance(hp.instance_type, "hyperpod.instance_type").efa:
         lines += [f"export {name}={shlex.quote(value)}" for name, value in EFA_ENVIRONMENT.items()]
@@ -193,9 +194,9 @@ class SlurmJob(Job):
             if field.startswith("JobState="):
                 state = field.split("=", 1)[1]
         status = STATES.get(state, Status.PENDING)
-        failure = self.root / "output" / "failure"
+        failure = RunTree(self.root).failure
         if state == "UNKNOWN":  # aged out of slurmctld: the job directory tells
-            status = Status.COMPLETED if (self.root / "model" / "run.json").exists() else Status.FAILED
+            status = Status.COMPLETED if RunTree(self.root).completed() else Status.FAILED
         detail = failure.read_text().strip() if failure.exists() and status is Status.FAILED else state
         artifacts = Artifacts.in_run_dir(self.root / "model") if status is Status.COMPLETED else Artifacts()
         return JobState(self.name, status, detail, artifacts)

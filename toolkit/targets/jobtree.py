@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from toolkit_train.layout import RunTree
 from toolkit_train.settings import EXPLICIT_PATH, failure_elsewhere, to_hyperparameters, trajectory
 
 from toolkit.config import Config
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
 RUN_OUTPUTS = ("checkpoints", "model", "output")  # what a run writes, and what --fresh clears
 TRAJECTORY_FILE = "trajectory.json"
-OUTCOMES = ("failure", "stopped")  # output/ records of an attempt's end, cleared when the next attempt starts
 
 
 def foreign_checkpoints(root: Path) -> str:
@@ -50,8 +50,8 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
             shutil.rmtree(root / stale, ignore_errors=True)
     elif any((root / "checkpoints").glob("checkpoint-*")) and _settings_changed(config, root):
         raise TargetError(foreign_checkpoints(root))
-    for outcome in OUTCOMES:
-        (root / "output" / outcome).unlink(missing_ok=True)
+    for outcome in (RunTree(root).failure, RunTree(root).stopped):  # records of the last attempt's end
+        outcome.unlink(missing_ok=True)
     failure_elsewhere(root).unlink(missing_ok=True)
     write_settings(config, root)
 
@@ -110,10 +110,10 @@ def completed_run(name: str, root: Path) -> JobState | None:
     """A run directory's outcome when its run is complete (run.json, written last, is there), with what it holds."""
     from toolkit.targets.base import Artifacts, JobState, Status
 
-    model = root / "model"
-    if not (model / "run.json").exists():
+    tree = RunTree(root)
+    if not tree.completed():
         return None
-    return JobState(name, Status.COMPLETED, artifacts=Artifacts.in_run_dir(model))
+    return JobState(name, Status.COMPLETED, artifacts=Artifacts.in_run_dir(tree.model))
 
 
 def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> str:
@@ -122,7 +122,7 @@ def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> s
     from toolkit import aws, digest
     from toolkit.targets.base import TargetError
 
-    model, run = root / "model", root / "model" / "run.json"
+    model, run = RunTree(root).model, RunTree(root).run_record
     if not run.exists():
         raise TargetError(
             f"no completed run of {config.name} in {model}{where}, or set serving.model_data to the model's S3 prefix"
@@ -145,7 +145,7 @@ def resume_hint(root: Path) -> str:
 
 
 def settings_file(root: Path) -> Path:
-    return root / "input" / "config" / "hyperparameters.json"
+    return RunTree(root).hyperparameters
 
 
 def trajectory_file(root: Path) -> Path:
@@ -164,8 +164,8 @@ def write_settings(config: Config, root: Path) -> None:
     hyperparameters = to_hyperparameters(config.train_settings())
     write_atomically(path, json.dumps(hyperparameters, indent=2))
     write_atomically(trajectory_file(root), trajectory_text(hyperparameters))
-    (root / "output").mkdir(exist_ok=True)
-    (root / "output" / "failure").unlink(missing_ok=True)
+    RunTree(root).output.mkdir(exist_ok=True)
+    RunTree(root).failure.unlink(missing_ok=True)
 
 
 def place_train_channel(source: str, root: Path, copy: bool, name: str = "train") -> None:

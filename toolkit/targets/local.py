@@ -23,6 +23,7 @@ from pathlib import Path
 
 from toolkit_train import trained
 from toolkit_train.faults import RUN_GROUP_ENV
+from toolkit_train.layout import ML_ROOT_ENV, RunTree
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
@@ -100,8 +101,8 @@ class LocalJob(Job):
         return Artifacts.in_run_dir(self.root / "model")
 
     def status(self) -> JobState:
-        failure = next((p for p in (self.root / "output" / "failure", failure_elsewhere(self.root)) if p.exists()),
-                       self.root / "output" / "failure")  # fmt: skip
+        tree = RunTree(self.root)
+        failure = next((p for p in (tree.failure, failure_elsewhere(self.root)) if p.exists()), tree.failure)
         code = self.process.poll() if self.process else None
         if (self.process and code is None) or (not self.process and self._running_elsewhere()):
             return JobState(self.name, Status.RUNNING)
@@ -111,13 +112,13 @@ class LocalJob(Job):
         if failure.exists():
             reason = failure.read_text(errors="replace").strip() or self._why_it_ended(code)
             return JobState(self.name, Status.FAILED, f"{reason}; {resume}")
-        if (self.root / "output" / "stopped").exists():  # the trainer writes it once its stop's checkpoint is saved
+        if tree.stopped.exists():  # the trainer writes it once its stop's checkpoint is saved
             return JobState(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
         if self.stop_requested or code == 143:  # stopped before training began (loading), so nothing was saved
             return JobState(self.name, Status.STOPPED, f"stopped before it wrote a checkpoint; {resume}")
         if code not in (None, 0):
             return JobState(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
-        if (self.root / "model" / "run.json").exists():
+        if tree.completed():
             return JobState(self.name, Status.COMPLETED, _what_trained(self.root), artifacts=self.artifacts())
         if settings_file(self.root).exists():  # started, and every process of it is gone without an outcome
             return JobState(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
@@ -204,7 +205,7 @@ class LocalTarget(Target):
         plan = {
             "root": str(root),
             "command": launch_command(config),
-            "environment": {"TOOLKIT_ML_ROOT": str(root)},
+            "environment": {ML_ROOT_ENV: str(root)},
             "hyperparameters": to_hyperparameters(config.train_settings()),
         }
         return json.dumps(plan, indent=2)
@@ -222,7 +223,7 @@ class LocalTarget(Target):
                 self._lay_out(config, root, fresh)
             except OSError as exc:
                 raise _unwritable(root, exc) from None
-            env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1", **{RUN_GROUP_ENV: "1"})
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{ML_ROOT_ENV: str(root), RUN_GROUP_ENV: "1"})
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
             through_relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
             process = subprocess.Popen(
@@ -286,7 +287,7 @@ class LocalTarget(Target):
 def _what_trained(root: Path) -> str:
     """The run record's line of what trained (toolkit_train/trained.py); empty for a run recorded without one."""
     try:
-        summary = json.loads((root / "model" / "run.json").read_text()).get("trained") or {}
+        summary = json.loads(RunTree(root).run_record.read_text()).get("trained") or {}
     except (OSError, ValueError):
         return ""
     return trained.line(summary, summary.get("paths", {})) if summary.get("groups") is not None else ""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit_train.layout import DEFAULT_ML_ROOT, RunTree
 from toolkit_train.metrics import FIELDS as METRIC_FIELDS
 from toolkit_train.metrics import SAGEMAKER_METRIC, metric_regex
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
@@ -308,7 +309,7 @@ class TrainingJobTarget(Target):
             ),
             # under the prefix the stack's lifecycle rule expires (the SDK's default puts the config name first)
             checkpoint_config=CheckpointConfig(
-                local_path="/opt/ml/checkpoints",
+                local_path=str(RunTree(DEFAULT_ML_ROOT).checkpoints),
                 s3_uri=f"s3://{config.aws.bucket}/{aws.checkpoint_prefix(config.aws.prefix, config.name, job_name)}",
             ),
             input_data_config=[InputData(channel_name=name, data_source=uri) for name, uri in channels.items()],

@@ -70,7 +70,7 @@ def engine(request, tmp_path, monkeypatch):
         cluster = slurm_cluster.SlurmCluster(tmp_path / "slurm").start()
         monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
         yield HyperPodTarget(), _hyperpod("slurm", f"hyperpod.fsx.mount_path={tmp_path}",
-                                          f"hyperpod.python={sys.executable}")  # fmt: skip
+                                          f"hyperpod.python={sys.executable}", "hyperpod.image=null")  # fmt: skip
         cluster.stop()
     else:
         with KubeApi(installed={"sagemaker.amazonaws.com/v1/hyperpodpytorchjobs": None}, missing=[]) as api:

@@ -44,7 +44,8 @@ def config(shared, *overrides):
 
 
 def test_script_has_the_cluster_settings(tmp_path):
-    script = sbatch_script(config(tmp_path, "hyperpod.gpus_per_node=8", "hyperpod.image=registry/img:1"), gpu_gres=True)
+    in_image = config(tmp_path, "hyperpod.gpus_per_node=8", "hyperpod.image=registry/img:1", "hyperpod.python=python3")
+    script = sbatch_script(in_image, gpu_gres=True)  # pyxis: the image's own python, not the nodes'
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --exclusive" in script
     assert "--nproc-per-node=8" in script and "--rdzv-backend=c10d" in script
     assert f"--container-image=registry/img:1 --container-mounts={tmp_path}:{tmp_path}" in script

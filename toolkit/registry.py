@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit_train.layout import RUN_RECORD
+
 from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.deploy import DeployInputError, vllm_environment
 from toolkit.deploy.endpoint import model_data_fields
-from toolkit.evaluate import RUN_RECORD, eval_dir
+from toolkit.evaluate import eval_dir
 from toolkit.evaluate.gate import APPROVED, Verdict, check_scored, judge, key_numbers, load_report
 from toolkit.evaluate.report import REPORT_FILE
 from toolkit.limits import customer_metadata
