@@ -35,8 +35,37 @@ FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
 }
 
 
+# A base read from the hub (an adapter's base component) may be gated: the deployment names the Secrets Manager
+# secret holding the Hugging Face token and its region, by the names training reads it under
+# (toolkit_train/settings.py: HF_TOKEN_SECRET_ENV, AWS_REGION_ENV; a test ties them).
+HF_TOKEN_SECRET = "TOOLKIT_HF_TOKEN_SECRET"
+REGION = "TOOLKIT_AWS_REGION"
+
+
 class ModelDirError(Exception):
     pass
+
+
+def hf_token(env: dict[str, str]) -> str | None:
+    """The token in the named secret (a string, or JSON with an HF_TOKEN or token key), as training reads it;
+    None when no secret is named. ModelDirError (exit 2) when the secret cannot be read or holds no token."""
+    secret = env.get(HF_TOKEN_SECRET)
+    if not secret:
+        return None
+    region = env.get(REGION) or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    try:
+        import boto3  # in vLLM's OpenAI image (its S3 model streamer needs it)
+
+        value = boto3.client("secretsmanager", region_name=region).get_secret_value(SecretId=secret)["SecretString"]
+    except Exception as exc:  # no boto3, no access, no such secret: the base cannot be downloaded
+        raise ModelDirError(f"cannot read the Hugging Face token from secret {secret} in {region}: {exc}") from None
+    value = value.strip()
+    if value.startswith("{"):
+        parsed = json.loads(value)
+        value = parsed.get("HF_TOKEN") or parsed.get("token") or ""
+    if not value:
+        raise ModelDirError(f"secret {secret} holds no token (a string, or JSON with an HF_TOKEN key)")
+    return value
 
 
 def model_path(root: Path) -> Path:
@@ -143,6 +172,9 @@ def run_vllm_cli(argv: list[str]) -> None:
 
 def main() -> None:
     try:
+        token = hf_token(dict(os.environ))
+        if token:
+            os.environ["HF_TOKEN"] = token  # the hub client reads it; never printed
         argv = command(dict(os.environ))
     except ModelDirError as exc:
         print(f"serve: {exc}", file=sys.stderr, flush=True)

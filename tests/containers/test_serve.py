@@ -104,6 +104,30 @@ def test_an_adapter_deploy_serves_the_base_at_the_trained_revision():
     assert argv[argv.index("--revision") + 1] == "abc123"
 
 
+def test_a_gated_base_is_downloaded_with_the_token_of_the_secret_the_deployment_names(aws_env):
+    """weights: adapter with serving.hf_token_secret: the deployment names the secret and its region in the
+    container's environment (by training's variable names), and serve.py reads the token from Secrets Manager (the
+    emulator over HTTP) as training does: a string, or JSON with an HF_TOKEN key; a missing secret is exit 2's
+    message, never a vLLM download failing later with 401."""
+    import boto3
+    from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV
+
+    from toolkit.config import load_config
+    from toolkit.deploy import vllm_environment
+
+    assert (serve.HF_TOKEN_SECRET, serve.REGION) == (HF_TOKEN_SECRET_ENV, AWS_REGION_ENV)
+    secrets = boto3.client("secretsmanager", region_name="us-east-1")
+    secrets.create_secret(Name="hf-token", SecretString="hf_plain")
+    secrets.create_secret(Name="hf-json", SecretString='{"HF_TOKEN": "hf_json"}')
+    cfg = load_config("tiny-gpt-oss-local", ["serving.weights=adapter", "serving.hf_token_secret=hf-token"])
+    env = vllm_environment(cfg)
+    assert serve.hf_token(env) == "hf_plain" and serve.hf_token({**env, HF_TOKEN_SECRET_ENV: "hf-json"}) == "hf_json"
+    assert HF_TOKEN_SECRET_ENV not in vllm_environment(load_config("tiny-gpt-oss-local", ["serving.weights=adapter"]))
+    assert serve.hf_token({}) is None
+    with pytest.raises(serve.ModelDirError, match="cannot read the Hugging Face token from secret nope"):
+        serve.hf_token({**env, HF_TOKEN_SECRET_ENV: "nope"})
+
+
 def test_a_base_component_serves_lora_at_the_rank_it_is_given_and_loads_adapters_at_run_time(tmp_path):
     argv = serve.command({"SM_MODEL_DIR": str(tmp_path), "SM_VLLM_BASE_MODEL": "org/dense-model",
                           "TOOLKIT_LORA_RANK": "24", "SM_VLLM_MAX_LORAS": "4"})  # fmt: skip

@@ -45,6 +45,7 @@ EXAMPLES = {
     "training.tokens_per_micro_batch": "4096",
     "training.warmup_ratio": "0.2",
     "serving.max_loras": "8",
+    "serving.hf_token_secret": "hf-token",
     "serving.component_memory_mb": "1000",
     "training.per_device_batch_size": "4",
 }

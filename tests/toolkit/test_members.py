@@ -40,6 +40,7 @@ REFUSED = {
     "serving.routing": None,
     "serving.rollback_alarms": "['   ']",
     "serving.component_memory_mb": "64",
+    "serving.hf_token_secret": "x" * 1100,  # an environment value holds 1,024 characters
     "serving.vllm_args": "{max.model-len: 4096}",  # SM_VLLM_MAX.MODEL_LEN: not an environment variable name
     "serving.repository": "Team_Images",
     "hyperpod.image_repository": "-images",
@@ -48,6 +49,7 @@ NEEDS = {  # what else a value needs to be checked at all (its section's other s
     "training_job.subnets": ["training_job.security_group_ids=[sg-1]"],
     "training_job.security_group_ids": ["training_job.subnets=[subnet-1]"],
     "serving.component_memory_mb": ["serving.weights=adapter"],
+    "serving.hf_token_secret": ["serving.weights=adapter"],
     "serving.volume_size_gb": ["serving.instance_type=ml.g5.2xlarge"],
     "aws.role": [],
 }

@@ -68,6 +68,12 @@ SCOPES: dict[str, Scope] = {
     ),
     # -- serving: the adapter mode's own settings ---------------------------------------------------------------
     "serving.max_loras": Scope("serving.weights", ("adapter",), "remove it, or set serving.weights: adapter"),
+    "serving.hf_token_secret": Scope(
+        "serving.weights",
+        ("adapter",),
+        "remove it, or set serving.weights: adapter",
+        "a merged model is served from S3, not downloaded from the hub",
+    ),
     "serving.component_memory_mb": Scope(
         "serving.weights",
         ("adapter",),

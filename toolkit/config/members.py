@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV
+
 from toolkit.config.applicability import default_at, value_at
 from toolkit.errors import brief
 
@@ -83,6 +85,12 @@ def vllm_flag_environment(vllm_args: dict[str, str | int | float | bool]) -> dic
     }
 
 
+def hf_token_environment(secret: str, region: str = "us-east-1") -> dict[str, str]:
+    """Where a container reads the Hugging Face token: the secret's name and its region (the entrypoint's and
+    serve.py's variables)."""
+    return {HF_TOKEN_SECRET_ENV: secret, AWS_REGION_ENV: region}
+
+
 @dataclass(frozen=True)
 class Member:
     service: str  # botocore's service name
@@ -106,7 +114,7 @@ MEMBERS: dict[str, Member] = {
     "training_job.subnets": Member(*_TRAIN, "VpcConfig.Subnets"),
     "training_job.security_group_ids": Member(*_TRAIN, "VpcConfig.SecurityGroupIds"),
     "training_job.image_uri": Member(*_TRAIN, "AlgorithmSpecification.TrainingImage"),
-    "training_job.hf_token_secret": Member(*_TRAIN, "Environment", lambda name: {"TOOLKIT_HF_TOKEN_SECRET": name}),
+    "training_job.hf_token_secret": Member(*_TRAIN, "Environment", hf_token_environment),
     "training_job.tags": Member(
         *_TRAIN, "Tags", _with_config_tag, also=_no_reserved_prefix, sent_with=f"the toolkit's own tag {CONFIG_TAG}"
     ),
@@ -133,6 +141,7 @@ MEMBERS: dict[str, Member] = {
     "aws.prefix": Member(
         *_TRAIN, "OutputDataConfig.S3OutputPath", lambda prefix: f"s3://{_BUCKET}/{prefix}/{_KEY}", _clean_key_prefix
     ),
+    "serving.hf_token_secret": Member("sagemaker", "CreateModel", "PrimaryContainer.Environment", hf_token_environment),
     "serving.vllm_args": Member("sagemaker", "CreateModel", "PrimaryContainer.Environment", vllm_flag_environment),
     "serving.repository": Member("ecr", "CreateRepository", "repositoryName"),
     "hyperpod.image_repository": Member("ecr", "CreateRepository", "repositoryName"),

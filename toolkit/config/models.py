@@ -106,6 +106,11 @@ class ServingSettings(StrictModel):
         description="More vLLM flags, e.g. {enable-prefix-caching: false} (SM_VLLM_* env; false: --no-<flag>).",
     )
     max_loras: int = Field(4, ge=1, description="vLLM --max-loras: adapters in one batch (weights: adapter).")
+    hf_token_secret: str | None = Field(
+        None,
+        description="Secrets Manager secret with the Hugging Face token for a gated base that the serving container "
+        "downloads from the hub (weights: adapter); the execution role must read it.",
+    )
     component_memory_mb: int = Field(
         16384, ge=128, description="Host memory the base inference component reserves (weights: adapter, SageMaker)."
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolkit.config.members import vllm_flag_environment
+from toolkit.config.members import hf_token_environment, vllm_flag_environment
 from toolkit.errors import BadInput, Failed
 
 if TYPE_CHECKING:
@@ -45,4 +45,6 @@ def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
         env["SM_VLLM_ADAPTER_NAME"] = ADAPTER_NAME
         env["SM_VLLM_MAX_LORAS"] = str(serving.max_loras)
         env["TOOLKIT_LORA_RANK"] = str(config.lora.max_rank)  # serve.py rounds it up to a --max-lora-rank vLLM allows
+        if serving.hf_token_secret:  # serve.py reads the token from it before vLLM downloads the base
+            env.update(hf_token_environment(serving.hf_token_secret, config.aws.region))
     return {**env, **vllm_flag_environment(serving.vllm_args)}
