@@ -64,6 +64,21 @@ def tiny_model_path() -> Path:
     return tiny_gpt_oss_path()
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_root_log_handlers():
+    """A library run inside a CliRunner call may give the root logger a stream handler bound to that call's captured
+    stderr (lm-evaluation-harness's task index calls logging.basicConfig); once the capture closes, any later record
+    that reaches it prints "--- Logging error ---" and a traceback into another test's output. Each test leaves the
+    root logger's handlers as it found them."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before]:
+        root.removeHandler(handler)
+
+
 @pytest.fixture(scope="session")
 def moto_server():
     """A real HTTP AWS emulator (moto server) on loopback, for the whole session; its InvokeEndpoint answers the
@@ -79,6 +94,7 @@ def moto_server():
     # CliRunner's capture, closed by the time a later test's request is logged ("--- Logging error ---" and a
     # traceback in that test's CLI output). A handler of our own keeps it from adding one; records reach pytest's.
     logging.getLogger("werkzeug").addHandler(logging.NullHandler())
+    logging.getLogger("werkzeug").propagate = False  # nor through a root handler a library bound to a capture
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
