@@ -52,15 +52,21 @@ class RunTree:
         return self.run_record.exists()
 
 
-def write_json_atomically(path: Path, value: object) -> None:
-    """A record a kill mid-write must not tear (run.json says "complete" by being there): written beside, flushed,
-    renamed over. (toolkit.files has the toolkit's own; the training code imports no toolkit module.)"""
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """Write beside the target, flush to disk, then rename over it (a rename within a directory is atomic): a kill
+    at any instant leaves the whole new file or the old one, never a torn one (run.json says "complete" by being
+    there). The toolkit's writes use this one too (toolkit/files.py)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
-        with open(staging, "w") as out:
-            out.write(json.dumps(value, indent=2))
+        with open(staging, "wb") as out:
+            out.write(data.encode() if isinstance(data, str) else data)
             out.flush()
             os.fsync(out.fileno())
         os.replace(staging, path)
     finally:
         staging.unlink(missing_ok=True)
+
+
+def write_json_atomically(path: Path, value: object) -> None:
+    write_atomically(path, json.dumps(value, indent=2))
