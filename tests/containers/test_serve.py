@@ -95,10 +95,10 @@ def test_an_adapter_deploy_serves_the_base_at_the_trained_revision():
     from toolkit.config import load_config
     from toolkit.deploy import vllm_environment
 
-    pinned = load_config("tiny-gpt-oss-local", ["serving.weights=adapter", "model.revision=abc123"])
-    env = vllm_environment(pinned)
+    hub = ["serving.weights=adapter", "model.id=openai/gpt-oss-20b"]  # a revision applies to a hub id only
+    env = vllm_environment(load_config("tiny-gpt-oss-local", [*hub, "model.revision=abc123"]))
     assert env["SM_VLLM_REVISION"] == "abc123" and "SM_VLLM_REVISION" not in vllm_environment(
-        load_config("tiny-gpt-oss-local", ["serving.weights=adapter"])
+        load_config("tiny-gpt-oss-local", hub)
     )
     argv = serve.command({"SM_MODEL_DIR": "/nonexistent", **env})
     assert argv[argv.index("--revision") + 1] == "abc123"

@@ -163,7 +163,10 @@ BROKEN = [
     ({"training": {"warmup_ratio": 1.5}}, "training.warmup_ratio"),
     ({"lora": {"target_parameters": ["mlp.experts.gate_up_proj"], "dropout": 0.1}}, "set lora.dropout to 0"),
     ({"lora": {"target_parameters": [], "expert_r": 4}}, "lora.expert_r does nothing without lora.target_parameters"),
-    ({"target": "hyperpod"}, "needs hyperpod.cluster"),
+    (
+        {"target": "hyperpod", "hyperpod": {"orchestrator": "slurm", "cluster": "c"}},
+        "hyperpod.cluster: 'c' applies only with hyperpod.orchestrator: eks",
+    ),
     (
         {"training_job": {"instance_type": "ml.p9.huge"}},
         "training_job.instance_type: unknown GPU instance type",
@@ -305,7 +308,7 @@ def test_overrides_and_env_interpolation(tmp_path):
 def test_set_keeps_text_fields_as_typed():
     """YAML would read 007 as 7 and 2024-01-01 as a date; a text field keeps the characters given."""
     cfg = load_config("tiny-gpt-oss-local", ["training_job.tags.run=007", "model.revision=2024-01-01",
-                                             "aws.prefix=007", "lora.r=16"])  # fmt: skip
+                                             "model.id=Qwen/Qwen3-0.6B", "aws.prefix=007", "lora.r=16"])  # fmt: skip
     assert cfg.training_job.tags == {"run": "007"} and cfg.model.revision == "2024-01-01"
     assert cfg.aws.prefix == "007" and cfg.lora.r == 16
     # and null unsets an optional text setting, as in a YAML file (it was the text "null": an image named null)

@@ -81,7 +81,7 @@ def test_a_held_out_setting_the_chosen_way_ignores_is_refused(tmp_path):
 
 def test_the_nodes_python_beside_a_slurm_container_image_is_refused(tmp_path):
     """On Slurm with hyperpod.image (pyxis) the job runs the image's own python: hyperpod.python would do nothing."""
-    slurm = ["--set", "hyperpod.orchestrator=slurm", "--set", "hyperpod.cluster=c"]
+    slurm = ["--set", "hyperpod.orchestrator=slurm"]
     with_image = validate("tiny-gpt-oss-local", *slurm, "--set", "hyperpod.python=/opt/venv/bin/python", "--set",
                           "hyperpod.image=registry.local/train:1", cwd=tmp_path)  # fmt: skip
     refused(with_image, "hyperpod.python: '/opt/venv/bin/python' is the nodes' Python for Slurm without a container")

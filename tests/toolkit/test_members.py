@@ -1,5 +1,6 @@
-"""Values that reach AWS are checked by the rule of the request member they land in (toolkit.config.members):
-every row names a real member of botocore's service model, every field of the AWS-bound sections has a row (or says
+"""Values that reach AWS or a cluster are checked by the rule of the request member they land in
+(toolkit.config.members): every row names a real member of botocore's service model, of the rendered EKS manifests,
+of the sbatch script or of the image build, every field of the AWS- and cluster-bound sections has a row (or says
 where it is checked instead), every default passes, and a value each rule refuses is refused by the config check
 with the field named, in one line, exit 2."""
 
@@ -11,8 +12,8 @@ import sys
 import pytest
 
 from toolkit.config import ConfigError, load_config
-from toolkit.config.applicability import default_at
-from toolkit.config.members import CHECKED_ELSEWHERE, MEMBERS, member_problem, member_shape
+from toolkit.config.applicability import default_at, value_at
+from toolkit.config.members import CHECKED_ELSEWHERE, MEMBERS, RECEIVERS, member_problem, member_shape
 from toolkit.config.models import Config
 
 # A value the member's rule refuses, per row (a new row without one fails here).
@@ -44,6 +45,16 @@ REFUSED = {
     "serving.vllm_args": "{max.model-len: 4096}",  # SM_VLLM_MAX.MODEL_LEN: not an environment variable name
     "serving.repository": "Team_Images",
     "hyperpod.image_repository": "-images",
+    "hyperpod.namespace": "Team_A",  # a DNS-1123 label: lowercase
+    "hyperpod.fsx.claim": "fsx_claim",  # a DNS-1123 subdomain: no '_'
+    "hyperpod.queue": "q" * 64,  # a valid object name, but no label value (63 at most)
+    "hyperpod.priority": "high.",  # ends with '.'
+    "hyperpod.image": "Registry.example/Train:1",  # a repository path is lowercase
+    "hyperpod.service_account": "model export",
+    "hyperpod.job_dir": "'{mount_path}/runs/%u/{name}'",  # sbatch would fill in %u
+    "hyperpod.fsx.mount_path": "/fsx%",
+    "serving.base_image": "vllm/vllm-openai:v0.32.0:latest",  # two tags
+    "hyperpod.base_image": "dlc@sha256:short",  # a digest of 32 hex digits at least
 }
 NEEDS = {  # what else a value needs to be checked at all (its section's other settings)
     "training_job.subnets": ["training_job.security_group_ids=[sg-1]"],
@@ -52,26 +63,95 @@ NEEDS = {  # what else a value needs to be checked at all (its section's other s
     "serving.hf_token_secret": ["serving.weights=adapter"],
     "serving.volume_size_gb": ["serving.instance_type=ml.g5.2xlarge"],
     "aws.role": [],
+    "hyperpod.job_dir": ["hyperpod.orchestrator=slurm"],
+    "hyperpod.fsx.mount_path": ["hyperpod.orchestrator=slurm"],
+}
+# The rendered requests a cluster's or docker's row lands in: a config with every such row's field set to a valid
+# value of its own, and where each must appear (test_every_cluster_row_lands_where_it_says).
+LANDS = {
+    "hyperpod.namespace": "team-a",
+    "hyperpod.fsx.claim": "team-fsx",
+    "hyperpod.queue": "team-queue",
+    "hyperpod.priority": "high",
+    "hyperpod.image": "registry.example/train:1",
+    "hyperpod.service_account": "exporter",
+    "hyperpod.job_dir": "{mount_path}/runs/{name}",
+    "hyperpod.fsx.mount_path": "/lustre",
+    "serving.base_image": "registry.example/vllm:1",
+    "hyperpod.base_image": "registry.example/dlc:1",
 }
 
 
 def _sections(*names: str) -> list[str]:
+    """The settings of these sections, a required sub-section's (hyperpod.fsx) included."""
+    from pydantic import BaseModel
+
     paths = []
     for name in names:
-        model = Config.model_fields[name].annotation
-        paths += [f"{name}.{field}" for field in model.model_fields]  # type: ignore[union-attr]
+        for field, info in Config.model_fields[name].annotation.model_fields.items():  # type: ignore[union-attr]
+            section = info.annotation
+            nested = isinstance(section, type) and issubclass(section, BaseModel) and info.default is not None
+            paths += _sections_of(f"{name}.{field}", section) if nested else [f"{name}.{field}"]
     return paths
+
+
+def _sections_of(prefix: str, model) -> list[str]:
+    return [f"{prefix}.{field}" for field in model.model_fields]
 
 
 def test_every_row_is_a_real_member_of_botocores_model_and_a_real_field():
     for path, member in MEMBERS.items():
         default_at(path, Config)  # KeyError for a field the schema does not have
-        member_shape(member)  # KeyError for a member the service model does not have
+        if member.service not in RECEIVERS:
+            member_shape(member)  # KeyError for a member the service model does not have
+
+
+def _flat(node, prefix: str = ""):
+    """(dotted path, value) of every leaf of a rendered object, `[]` for a list's items."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _flat(value, f"{prefix}{key}.")
+    elif isinstance(node, list):
+        for item in node:
+            yield from _flat(item, prefix[:-1] + "[].")
+    else:
+        yield prefix[:-1], node
+
+
+def test_every_cluster_row_lands_where_it_says():
+    """Each cluster row's object and field (or sbatch option, or build flag) is where the rendering puts the value:
+    the EKS manifests and the model export's Job, the Slurm script, the image build's flags."""
+    from toolkit.deploy.image import build_flags
+    from toolkit.targets.hyperpod import job_dir
+    from toolkit.targets.hyperpod_eks import export_job, manifests
+    from toolkit.targets.hyperpod_slurm import sbatch_script
+
+    rows = {path: member for path, member in MEMBERS.items() if member.service in RECEIVERS}
+    assert set(LANDS) == set(rows), "give each cluster row a valid value in LANDS"
+    on_slurm = [p for p, m in rows.items() if m.service == "slurm"]
+    sets = {p: f"{p}={value}" for p, value in LANDS.items()}
+    eks = load_config("tiny-gpt-oss-local", ["target=hyperpod", *(sets[p] for p in rows if p not in on_slurm)])
+    slurm = load_config("tiny-gpt-oss-local", ["target=hyperpod", "hyperpod.orchestrator=slurm",
+                                               *(sets[p] for p in on_slurm)])  # fmt: skip
+    objects = [*manifests(eks), export_job(eks, "run", "bucket", "prefix")]
+    for path, member in rows.items():
+        value = value_at(eks if member.service != "slurm" else slurm, path)
+        if member.service == "kubernetes":
+            kinds = [o for o in objects if o["kind"] == member.operation]
+            assert (member.path, value) in {leaf for o in kinds for leaf in _flat(o)}, f"{path}: not at {member.path}"
+        elif member.service == "slurm":
+            option = f"{member.path}={job_dir(slurm)}/"
+            assert any(line.startswith(option) for line in sbatch_script(slurm, False, True).splitlines()), path
+        else:
+            flag, name = member.path.split()
+            assert f"{name}={value}" in build_flags(value) and flag in build_flags(value), path
 
 
 def test_every_field_of_the_aws_bound_sections_has_a_row_or_says_where_it_is_checked():
     missing = [
-        p for p in _sections("aws", "training_job", "serving") if p not in MEMBERS and p not in CHECKED_ELSEWHERE
+        p
+        for p in _sections("aws", "training_job", "serving", "hyperpod")
+        if p not in MEMBERS and p not in CHECKED_ELSEWHERE
     ]
     assert not missing, f"add to toolkit.config.members.MEMBERS (or CHECKED_ELSEWHERE, saying where): {missing}"
     assert not set(MEMBERS) & set(CHECKED_ELSEWHERE)
@@ -107,14 +187,25 @@ def test_every_row_has_a_refused_value_or_says_why_not():
 
 
 def test_refused_through_the_cli_in_one_line_with_exit_2():
-    result = subprocess.run(
-        [sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local", "--set",
-         "training_job.tags={team: 'a|b'}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = _validate("tiny-gpt-oss-local", "--set", "training_job.tags={team: 'a|b'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output
     assert "training_job.tags: 'a|b' does not match AWS's pattern" in output and "CreateTrainingJob Tags" in output
+
+
+@pytest.mark.parametrize("path", [p for p, m in MEMBERS.items() if m.service in RECEIVERS])
+def test_a_value_a_cluster_refuses_is_refused_through_the_cli_in_one_line_with_exit_2(path):
+    sets = [f"{path}={REFUSED[path]}", *NEEDS.get(path, [])]
+    result = _validate("tiny-gpt-oss-local", *[a for s in sets for a in ("--set", s)])
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    named = [line for line in output.splitlines() if line.strip().startswith(f"{path}: ")]
+    assert len(named) == 1 and f"({MEMBERS[path].operation} {MEMBERS[path].path})" in named[0], output
+
+
+def _validate(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "toolkit.cli", "config", "validate", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def _text_fields(model: type, prefix: str = ""):

@@ -96,6 +96,6 @@ def test_kubernetes_names_on_eks(setting, fragment):
 
 def test_capitals_in_the_name_are_fine_off_eks():
     """Only EKS makes Kubernetes objects from the config's name; it is not lowercased for them (refused instead)."""
-    sets = ["name=MyJob", "target=hyperpod", "hyperpod.cluster=c", "hyperpod.orchestrator=slurm"]
+    sets = ["name=MyJob", "target=hyperpod", "hyperpod.orchestrator=slurm"]
     assert toolkit("config", "validate", "tiny-gpt-oss-local", *[a for s in sets for a in ("--set", s)]).returncode == 0
     assert k8s_name_problem("team-a.queue") is None and k8s_name_problem("team-a.queue", "label") is not None

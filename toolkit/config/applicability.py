@@ -1,9 +1,11 @@
 """Where each setting applies: one table, one check.
 
-A setting that means something only for some targets, orchestrators, distribution modes or schedules is listed in
-`SCOPES` with the setting that decides (`on`) and the values where it applies. `refuse_inapplicable` refuses a
-setting given a value other than its default where it cannot apply: field path, why not here, what to do. A value
-equal to the default is harmless anywhere (and presets or `--target` re-validation carry defaults everywhere).
+A setting that means something only for some targets, orchestrators, distribution modes, schedules or models is
+listed in `SCOPES` with the setting that decides (`on`) and the values where it applies (or, where `on` is
+open-ended, like model.id, a test of its value: `where`); a setting that depends on two others has a row for each
+(a tuple). `refuse_inapplicable` refuses a setting given a value other than its default where it cannot apply:
+field path, why not here, what to do. A value equal to the default is harmless anywhere (and presets or `--target`
+re-validation carry defaults everywhere).
 
 Every field of a target section (local, training_job, hyperpod) has a row, also those that apply wherever their
 target runs (`on=None`): the row is where someone adding a field says where it applies, and
@@ -12,9 +14,14 @@ tests/toolkit/test_applicability.py fails for a field without one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from toolkit_train.families import known_family
+from toolkit_train.settings import BUILTIN_MODELS, EXPLICIT_PATH, SAMPLES, TINY_GPT_OSS_MXFP4
 
 from toolkit.errors import brief
 
@@ -29,13 +36,87 @@ class Scope:
     fix: str = ""  # what to do instead
     why: str = ""  # why it does not apply elsewhere, when that is not obvious
     when: Callable[[Any], bool] | None = None  # only these values of the field are scoped (default: any non-default)
+    where: Callable[[Any], bool] | None = None  # for an open-ended `on`: whether the field applies at its value
+    # (`values` then holds one phrase saying where)
+
+
+def _may_be_mxfp4(model_id: str) -> bool:
+    """Whether model.id may be an MXFP4 checkpoint, as far as this machine can tell: the builtins' recipes (only the
+    -mxfp4 one is quantized), the family record (gpt-oss ships MXFP4), a local checkpoint's own config.json."""
+    if model_id in BUILTIN_MODELS:
+        return model_id == TINY_GPT_OSS_MXFP4
+    local = model_id.startswith(EXPLICIT_PATH)
+    family = known_family(model_id, local)
+    if family is None:  # a directory only the job's machine has
+        return True
+    if not (local and family.packed_mxfp4):
+        return family.packed_mxfp4
+    try:
+        quantization = json.loads((Path(model_id).expanduser() / "config.json").read_text())["quantization_config"]
+        return str(quantization["quant_method"]).lower() == "mxfp4"
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # a gpt-oss checkpoint saved unquantized (e.g. a merged model)
+
+
+def _fused_experts(model_id: str) -> bool:
+    family = known_family(model_id, model_id.startswith(EXPLICIT_PATH))
+    return family is None or family.fused_experts
+
+
+def _hub_id(model_id: str) -> bool:
+    return model_id not in BUILTIN_MODELS and not model_id.startswith(EXPLICIT_PATH)
+
+
+def _has_splits(source: str | None) -> bool:
+    """Whether a data source may have named splits: a hub dataset or a save_to_disk DatasetDict (a sample, a file or
+    a directory of files is read whole). Where this machine cannot look (s3://, a cluster's path): it may."""
+    if source is None or source in SAMPLES:
+        return source is None
+    path = Path(source).expanduser()
+    if path.is_file():
+        return False
+    return not path.is_dir() or (path / "dataset_dict.json").is_file()
+
+
+def _split_of(source: str) -> Scope:
+    return Scope(source, ("a hub dataset or a save_to_disk directory with splits",), "remove it",
+                 "a sample, a file or a directory of files is read whole", where=_has_splits)  # fmt: skip
 
 
 EVERYWHERE = Scope(None)
 EKS = Scope("hyperpod.orchestrator", ("eks",), "remove it, or set hyperpod.orchestrator: eks")
 SLURM = Scope("hyperpod.orchestrator", ("slurm",), "remove it, or set hyperpod.orchestrator: slurm")
+UNPACKED = Scope("model.experts", ("bf16",), "remove it, or set model.experts: bf16",
+                 "mxfp4 loads the packed experts as they are and runs them on the toolkit's own path")  # fmt: skip
 
-SCOPES: dict[str, Scope] = {
+SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
+    # -- the model: settings of some checkpoints only --------------------------------------------------------------
+    "model.dequantize_mxfp4": (
+        UNPACKED,
+        Scope(
+            "model.id",
+            ("an MXFP4 checkpoint (openai/gpt-oss-*, builtin:tiny-gpt-oss-mxfp4)",),
+            "remove it",
+            "other checkpoints have no MXFP4 experts to dequantize",
+            where=_may_be_mxfp4,
+        ),
+    ),
+    "model.experts_implementation": (
+        UNPACKED,
+        Scope(
+            "model.id",
+            ("a model with MoE experts the toolkit fuses (gpt-oss)",),
+            "remove it",
+            "other models load their own layers",
+            where=_fused_experts,
+        ),
+    ),
+    "model.revision": Scope(
+        "model.id", ("a hub id",), "remove it", "a builtin or local checkpoint is read as it is", where=_hub_id
+    ),
+    # -- data ----------------------------------------------------------------------------------------------------
+    "data.split": _split_of("data.source"),
+    "data.eval.split": _split_of("data.eval.source"),
     # -- shared training settings ------------------------------------------------------------------------------
     "training.fsdp_sharding": Scope(
         "training.distributed", ("fsdp",), "remove it, or set training.distributed: fsdp", "ddp does not shard"
@@ -74,6 +155,12 @@ SCOPES: dict[str, Scope] = {
         "remove it, or set serving.weights: adapter",
         "a merged model is served from S3, not downloaded from the hub",
     ),
+    "serving.autoscaling": Scope(
+        "serving.weights",
+        ("merged",),
+        "remove it, or set serving.weights: merged",
+        "inference components scale their copy count, not the variant's instances",
+    ),
     "serving.component_memory_mb": Scope(
         "serving.weights",
         ("adapter",),
@@ -106,7 +193,12 @@ SCOPES: dict[str, Scope] = {
     "training_job.hf_token_secret": EVERYWHERE,
     "training_job.tags": EVERYWHERE,
     # -- hyperpod: both orchestrators, or one ------------------------------------------------------------------
-    "hyperpod.cluster": EVERYWHERE,
+    "hyperpod.cluster": Scope(  # HyperPod's CLI names the EKS cluster by it (hyp set-cluster-context --cluster-name)
+        "hyperpod.orchestrator",
+        ("eks",),
+        "remove it",
+        "Slurm jobs are submitted with sbatch on the head node, which reaches its own cluster",
+    ),
     "hyperpod.orchestrator": EVERYWHERE,
     "hyperpod.instance_type": EVERYWHERE,
     "hyperpod.nodes": EVERYWHERE,
@@ -159,24 +251,39 @@ def default_at(path: str, schema: type) -> Any:
     return field.get_default(call_default_factory=True)
 
 
+def rows() -> Iterator[tuple[str, Scope]]:
+    """(field, scope) for every row of SCOPES, a field with two deciding settings twice."""
+    for path, scoped in SCOPES.items():
+        yield from ((path, scope) for scope in (scoped if isinstance(scoped, tuple) else (scoped,)))
+
+
+def applies(scope: Scope, current: Any) -> bool:
+    """Whether a field of this scope applies where its deciding setting has this value."""
+    if scope.where is not None:
+        return scope.where(current)
+    listed = current if isinstance(current, list) else [current]
+    return any(v in scope.values for v in listed)
+
+
 def refuse_inapplicable(config: Config) -> None:
     """ValueError naming the first setting given where it cannot apply: field, why not here, what to do."""
-    for path, scope in SCOPES.items():
+    for path, scope in rows():
         if scope.on is None:
             continue
         value = value_at(config, path)
         scoped = scope.when(value) if scope.when else value != default_at(path, type(config))
-        if value is None or not scoped:
-            continue
         current = value_at(config, scope.on)
-        listed = current if isinstance(current, list) else [current]
-        if any(v in scope.values for v in listed):
+        if value is None or not scoped or applies(scope, current):
             continue
         where = " or ".join(f"{scope.on}: {_yaml(v)}" if v is not None else f"{scope.on} unset" for v in scope.values)
+        where = f"where {scope.on} is {scope.values[0]}" if scope.where else f"with {where}"
         why = f" ({scope.why})" if scope.why else ""
-        shown = _yaml(current) if isinstance(current, bool) else brief(current)
-        here = f"but {scope.on} is {shown}"
-        raise ValueError(f"{path}: {brief(value)} applies only with {where}{why}, {here}: {scope.fix}")
+        here = f"but {scope.on} is {_shown(current)}"
+        raise ValueError(f"{path}: {_shown(value)} applies only {where}{why}, {here}: {scope.fix}")
+
+
+def _shown(value: Any) -> str:
+    return _yaml(value) if isinstance(value, bool) else brief(value)
 
 
 def _yaml(value: Any) -> str:

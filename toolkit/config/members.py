@@ -1,19 +1,22 @@
-"""Where each setting lands in an AWS request, and AWS's rule for it: one table, one check.
+"""Where each setting lands in an AWS or cluster request, and the receiver's rule for it: one table, one check.
 
-`MEMBERS` maps a config field to the request member it becomes (service, operation, member path in botocore's
-service model; `[]` steps into a list's items). `refuse_what_aws_refuses` checks each set value against that
-member's shape in botocore's own model (pattern, length, count, range, enum), as the service validates it, plus the
-documented rules botocore does not carry (`Member.also`, each citing its source). A value equal to the field's
-default is not checked (defaults are tested once, in tests/toolkit/test_members.py), so a config that sets nothing
-AWS-bound loads no service model.
+`MEMBERS` maps a config field to the request member it becomes: for AWS, the service, operation and member path in
+botocore's service model (`[]` steps into a list's items); for a HyperPod cluster, the Kubernetes object and field
+of toolkit.targets.hyperpod_eks's manifests or the sbatch option of toolkit.targets.hyperpod_slurm's script; for an
+image build, docker's. `refuse_what_aws_refuses` checks each set value against that member's shape in botocore's own
+model (pattern, length, count, range, enum), as the service validates it, plus the documented rules botocore does
+not carry (`Member.also`, each citing its source); a cluster's or docker's member has its documented rule alone,
+checked where the config's orchestrator sends it. A value equal to the field's default is not checked (defaults are
+tested once, in tests/toolkit/test_members.py), so a config that sets nothing AWS-bound loads no service model.
 
-Without botocore (the config checked without the aws extra) nothing here runs: such a config reaches no AWS request
-from this machine.
+Without botocore (the config checked without the aws extra) the AWS rows do not run: such a config reaches no AWS
+request from this machine.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV
 
 from toolkit.config.applicability import default_at, value_at
+from toolkit.config.names import image_reference_problem, k8s_label_value_problem, k8s_name_problem
 from toolkit.errors import brief
 
 if TYPE_CHECKING:
@@ -91,11 +95,35 @@ def hf_token_environment(secret: str, region: str = "us-east-1") -> dict[str, st
     return {HF_TOKEN_SECRET_ENV: secret, AWS_REGION_ENV: region}
 
 
+def _k8s_name(kind: str) -> Callable[[str], str | None]:
+    return lambda name: k8s_name_problem(name, kind)
+
+
+def _kueue_name(name: str) -> str | None:
+    """A Kueue object (LocalQueue, WorkloadPriorityClass) named in a job's label: an object name and a label value."""
+    return k8s_name_problem(name) or k8s_label_value_problem(name)
+
+
+def _sbatch_path(path: str) -> str | None:
+    """A path in an #SBATCH option: sbatch splits the line at whitespace, and `--output` reads '%' as its filename
+    pattern's replacement symbol and '\\' as the end of them (slurm.schedmd.com/sbatch.html, "filename pattern")."""
+    bad = sorted({c for c in path if c.isspace() or c in "%\\"})
+    if bad:
+        return f"{brief(path)} holds {', '.join(map(repr, bad))}, which sbatch's --output would not keep as written"
+    return None
+
+
+# Where a row's service receives the value, by hyperpod.orchestrator (None: wherever the config goes); every other
+# service is botocore's.
+RECEIVERS: dict[str, tuple[str, ...] | None] = {"kubernetes": ("eks",), "slurm": ("slurm",), "docker": None}
+WHO = {"kubernetes": "Kubernetes", "slurm": "Slurm", "docker": "docker"}
+
+
 @dataclass(frozen=True)
 class Member:
-    service: str  # botocore's service name
-    operation: str
-    path: str  # the member in the operation's input: dotted, `[]` steps into a list's items
+    service: str  # botocore's service name, or a key of RECEIVERS
+    operation: str  # the API operation; a cluster's object kind, `sbatch`, `docker build`
+    path: str  # the member in the operation's input (dotted, `[]` steps into a list's items), option or field
     to_request: Callable[[Any], Any] | None = None  # the value as the request carries it (default: as it is)
     also: Callable[[Any], str | None] | None = None  # a documented rule botocore's model does not carry
     sent_with: str = ""  # what the toolkit adds to the value in the request (said with a problem)
@@ -103,6 +131,7 @@ class Member:
 
 _TRAIN, _ENDPOINT_CONFIG = ("sagemaker", "CreateTrainingJob"), ("sagemaker", "CreateEndpointConfig")
 _VARIANT = "ProductionVariants[]."
+_JOB, _POD = ("kubernetes", "HyperPodPyTorchJob"), "spec.replicaSpecs[].template.spec."
 
 MEMBERS: dict[str, Member] = {
     "aws.role": Member(*_TRAIN, "RoleArn"),
@@ -145,6 +174,23 @@ MEMBERS: dict[str, Member] = {
     "serving.vllm_args": Member("sagemaker", "CreateModel", "PrimaryContainer.Environment", vllm_flag_environment),
     "serving.repository": Member("ecr", "CreateRepository", "repositoryName"),
     "hyperpod.image_repository": Member("ecr", "CreateRepository", "repositoryName"),
+    # -- a HyperPod cluster: the EKS manifests (k8s.io/apimachinery/pkg/util/validation: names, labels) -----------
+    "hyperpod.namespace": Member(*_JOB, "metadata.namespace", also=_k8s_name("label")),  # IsDNS1123Label
+    "hyperpod.fsx.claim": Member(
+        *_JOB, _POD + "volumes[].persistentVolumeClaim.claimName", also=_k8s_name("subdomain")
+    ),  # IsDNS1123Subdomain
+    "hyperpod.queue": Member(*_JOB, "metadata.labels.kueue.x-k8s.io/queue-name", also=_kueue_name),
+    "hyperpod.priority": Member(*_JOB, "metadata.labels.kueue.x-k8s.io/priority-class", also=_kueue_name),
+    "hyperpod.image": Member(*_JOB, _POD + "containers[].image", also=image_reference_problem),  # Slurm: pyxis's
+    "hyperpod.service_account": Member(
+        "kubernetes", "Job", "spec.template.spec.serviceAccountName", also=_k8s_name("subdomain")
+    ),  # the model export's pod (toolkit.targets.hyperpod_eks.export_job)
+    # -- the Slurm batch script (slurm.schedmd.com/sbatch.html) ----------------------------------------------------
+    "hyperpod.job_dir": Member("slurm", "sbatch", "#SBATCH --output", also=_sbatch_path),
+    "hyperpod.fsx.mount_path": Member("slurm", "sbatch", "#SBATCH --output", also=_sbatch_path),
+    # -- image builds: the base image a Dockerfile's FROM takes (distribution/reference's grammar) -----------------
+    "serving.base_image": Member("docker", "docker build", "--build-arg BASE_IMAGE", also=image_reference_problem),
+    "hyperpod.base_image": Member("docker", "docker build", "--build-arg BASE_IMAGE", also=image_reference_problem),
 }
 
 
@@ -159,7 +205,6 @@ CHECKED_ELSEWHERE: dict[str, str] = {
     "training_job.instance_type": "the instance table (toolkit.config.instances): SageMaker's training types",
     "training_job.spot": "a boolean (EnableManagedSpotTraining)",
     "serving.instance_type": "the instance table (toolkit.config.instances): SageMaker's hosting types",
-    "serving.base_image": "the serving image build's base, not in a request",
     "serving.weights": "the endpoint's layout (a model, or a base and adapter components), no member",
     "serving.autoscaling": "application-autoscaling capacities: integers without limits in its model, ordered here",
     "serving.tensor_parallel_size": "a vLLM flag in the container environment, checked against the instance's GPUs",
@@ -169,6 +214,17 @@ CHECKED_ELSEWHERE: dict[str, str] = {
     "serving.max_loras": "a vLLM flag in the container environment",
     "serving.local_port": "this machine only",
     "serving.local_python": "this machine only",
+    "hyperpod.cluster": "reaches no request (toolkit.config.applicability: EKS only)",
+    "hyperpod.orchestrator": "one of the two (the schema's Literal)",
+    "hyperpod.instance_type": "the instance table (toolkit.config.instances): a node selector's label value",
+    "hyperpod.nodes": "an integer >= 1 (replicas, --nodes)",
+    "hyperpod.gpus_per_node": "at most the instance type's GPUs (HyperPodSettings._check)",
+    "hyperpod.kube_context": "a context of the kubeconfig, not in a request",
+    "hyperpod.max_retries": "an integer >= 0 (jobMaxRetryCount, backoffLimit)",
+    "hyperpod.python": "a command on every node, shell-quoted in the script",
+    "hyperpod.exclusive": "a boolean (--exclusive)",
+    "hyperpod.install": "a boolean (the install step)",
+    "hyperpod.eks_job_kind": "one of the two (the schema's Literal)",
 }
 
 
@@ -237,11 +293,13 @@ def shape_problem(shape: Any, value: Any) -> str | None:
 
 def member_problem(path: str, member: Member, value: Any) -> str | None:
     sent = member.to_request(value) if member.to_request else value
-    problem = shape_problem(member_shape(member), sent) or (member.also(sent) if member.also else None)
+    shaped = None if member.service in RECEIVERS else shape_problem(member_shape(member), sent)
+    problem = shaped or (member.also(sent) if member.also else None)
     if problem is None:
         return None
     added = f", with {member.sent_with}" if member.sent_with else ""
-    return f"{path}: {problem} ({member.operation} {member.path}{added}); give a value AWS accepts"
+    who = WHO.get(member.service, "AWS")
+    return f"{path}: {problem} ({member.operation} {member.path}{added}); give a value {who} accepts"
 
 
 # Every training setting reaches a training job as a hyperparameter (toolkit_train.settings.to_hyperparameters: the
@@ -266,18 +324,24 @@ def hyperparameter_problem(config: Config) -> str | None:
     return None
 
 
+def _received(member: Member, config: Config, botocore: bool) -> bool:
+    """Whether the config sends this member anywhere: AWS's where botocore is here to check it, a cluster's where
+    its orchestrator is the config's."""
+    if member.service not in RECEIVERS:
+        return botocore
+    where = RECEIVERS[member.service]
+    return where is None or config.hyperpod.orchestrator in where
+
+
 def refuse_what_aws_refuses(config: Config) -> None:
     """ValueError naming the first set value its request member refuses."""
-    try:
-        import botocore  # noqa: F401
-    except ImportError:
-        return
-    if config.target == "training-job" and (problem := hyperparameter_problem(config)):
+    botocore = importlib.util.find_spec("botocore") is not None
+    if botocore and config.target == "training-job" and (problem := hyperparameter_problem(config)):
         raise ValueError(problem)
     for path, member in MEMBERS.items():
         value = value_at(config, path)
         if value is None or value == default_at(path, type(config)) or value in ([], {}):  # unset, or nothing sent
             continue
-        problem = member_problem(path, member, value)
+        problem = member_problem(path, member, value) if _received(member, config, botocore) else None
         if problem:
             raise ValueError(problem)

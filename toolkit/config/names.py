@@ -3,7 +3,10 @@
 Each helper returns what is wrong (a phrase to put after the field) or None. S3 bucket names follow S3's general
 purpose bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html); regions are
 the regions of botocore's own partition data (`botocore/data/partitions.json`, the table botocore resolves endpoints
-with); Kubernetes object names are RFC 1123 (lowercase), as the API server validates them.
+with); Kubernetes object names are RFC 1123 (lowercase) and label values the API server's label value rule
+(k8s.io/apimachinery/pkg/util/validation: IsDNS1123Label, IsDNS1123Subdomain, IsValidLabelValue); container image
+references the grammar the kubelet, containerd and Docker parse them with (github.com/distribution/reference,
+regexp.go and reference.go).
 """
 
 from __future__ import annotations
@@ -96,6 +99,44 @@ def k8s_name_problem(name: str, kind: str = "subdomain") -> str | None:
     return (
         f"{brief(name)} is not a Kubernetes object name (RFC 1123: at most {limit} lowercase letters, digits{dots}, "
         f"starting and ending with a letter or digit), e.g. {brief(lowered)}"
+    )
+
+
+# IsValidLabelValue: empty, or at most 63 of [-A-Za-z0-9_.], starting and ending with a letter or digit
+_K8S_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def k8s_label_value_problem(value: str) -> str | None:
+    """What Kubernetes would refuse in a label value; None for a valid one."""
+    if len(value) <= 63 and _K8S_LABEL_VALUE.fullmatch(value):
+        return None
+    return (
+        f"{brief(value)} is not a Kubernetes label value (at most 63 letters, digits, '-', '_' and '.', starting and "
+        "ending with a letter or digit)"
+    )
+
+
+# distribution/reference's grammar: [domain[:port]/]path-component[/path-component...][:tag][@digest], the name (all
+# before the tag) at most 255 characters
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_IMAGE_HOST = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_IMAGE_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_IMAGE_HOST}/)?{_IMAGE_PATH}(?:/{_IMAGE_PATH})*)(?::\w[\w.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
+    re.ASCII,
+)
+
+
+def image_reference_problem(reference: str) -> str | None:
+    """What a container runtime would refuse in an image reference (registry/repository[:tag][@digest]); None for a
+    valid one."""
+    matched = _IMAGE_REFERENCE.fullmatch(reference)
+    if matched and len(matched["name"]) <= 255:
+        return None
+    return (
+        f"{brief(reference)} is not a container image reference ([registry[:port]/]repository[:tag][@digest]: a "
+        "lowercase repository path, a tag of at most 128 letters, digits, '_', '.' and '-')"
     )
 
 

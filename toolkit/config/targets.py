@@ -168,7 +168,11 @@ class FsxSettings(StrictModel):
 class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", module="toolkit.targets.hyperpod"):
     """A HyperPod cluster, orchestrated by EKS or Slurm."""
 
-    cluster: str | None = Field(None, description="HyperPod cluster name.")
+    cluster: str | None = Field(
+        None,
+        description="EKS: the HyperPod cluster's name (optional; jobs go to the cluster of your kubeconfig's context: "
+        "hyperpod.kube_context). Slurm submits on the head node: none.",
+    )
     orchestrator: Literal["eks", "slurm"] = Field("eks", description="How the cluster runs jobs.")
     instance_type: str = Field("ml.p5.48xlarge", description="The cluster's GPU instance type.")
     nodes: int = Field(1, ge=1, description="Nodes for this job.")
@@ -221,14 +225,6 @@ class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", mo
             self.gpus_per_node = gpus
         elif self.gpus_per_node > gpus:
             raise ValueError(f"hyperpod.gpus_per_node is {self.gpus_per_node} but {self.instance_type} has {gpus} GPUs")
-        if self.orchestrator == "eks":  # Kubernetes objects by these names (the API server refuses others)
-            names = {"namespace": (self.namespace, "label"), "service_account": (self.service_account, "subdomain"),
-                     "fsx.claim": (self.fsx.claim, "subdomain"), "queue": (self.queue, "subdomain"),
-                     "priority": (self.priority, "subdomain")}  # fmt: skip
-            for field, (name, kind) in names.items():
-                problem = k8s_name_problem(name, kind) if name else None
-                if problem:
-                    raise ValueError(f"hyperpod.{field}: {problem}")
         default_python = HyperPodSettings.model_fields["python"].default
         if self.orchestrator == "slurm" and self.image and self.python != default_python:  # pyxis: the image's own
             raise ValueError(
@@ -245,8 +241,6 @@ class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", mo
         return self.instance_type, "hyperpod.instance_type"
 
     def needs(self, config: Config) -> str | None:
-        if not self.cluster:
-            return "target 'hyperpod' needs hyperpod.cluster: set the cluster name"
         problem = k8s_name_problem(config.name, "label")
         if problem and self.orchestrator == "eks":  # the job, its pods' label and ConfigMap are named so
             return f"name: on EKS the job is a Kubernetes object named after the config: {problem}"
