@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,6 @@ log = logging.getLogger(__name__)
 PRICE_FILE = RESOURCES / "prices.json"
 PRICE_CACHE_SECONDS = 7 * 24 * 3600
 PRICING_REGION = "us-east-1"  # the Price List API answers in us-east-1, eu-central-1 and ap-south-1 only
-# what each target's instances are counted against (SageMaker's quota names, by usage)
-QUOTA_USAGE = {"training-job": "training job usage", "spot": "spot training job usage", "hyperpod": "cluster usage"}
 QUOTA_CONSOLE = "https://console.aws.amazon.com/servicequotas/home/services/sagemaker/quotas"
 
 
@@ -37,6 +36,24 @@ _unreachable: set[str] = set()  # regions whose Price List API could not be reac
 
 class QuotaError(BadInput):
     """The account may not start the instances (a Service Quota below what the job needs)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """How SageMaker counts instances against a quota and bills them: a kind of use (SageMaker's vocabulary), not a
+    target; each target's record (toolkit/targets/) says which its instances draw on."""
+
+    quota: str  # the quota name's ending: "<instance type> for <quota>"
+    price: str  # the Price List API's usage type, `<region code>-<price>:<instance type>`
+    billed_as: str  # how a message names it
+
+
+# Training jobs bill under `Train` (on demand; spot is billed at a discount of it). HyperPod bills its cluster
+# instances under a kind of its own, looked up as `Cluster`, and the shipped file has no HyperPod prices: without a
+# match the plan shows no price and asks for --price, never the training rate under another name.
+TRAINING_JOB = Usage("training job usage", "Train", "training job")
+SPOT_TRAINING_JOB = Usage("spot training job usage", "Train", "training job")
+CLUSTER = Usage("cluster usage", "Cluster", "hyperpod")
 
 
 @dataclass
@@ -52,8 +69,8 @@ class Quota:
     detail: str
 
 
-def quota_name(instance_type: str, usage: str) -> str:
-    return f"{instance_type} for {QUOTA_USAGE[usage]}"
+def quota_name(instance_type: str, usage: Usage) -> str:
+    return f"{instance_type} for {usage.quota}"
 
 
 def parse_price_overrides(values: list[str]) -> dict[str, float]:
@@ -78,40 +95,33 @@ def shipped_prices() -> dict[str, Any]:
     return json.loads(PRICE_FILE.read_text())
 
 
-# The Price List API's usage type of each kind of use, `<region code>-<kind>:<instance type>`: training jobs bill
-# under `Train`; HyperPod bills its cluster instances under a kind of its own, looked up as `Cluster`, and the
-# shipped file has no HyperPod prices: without a match the plan shows no price and asks for --price, never the
-# training rate under another name.
-PRICE_USAGE = {"training-job": "Train", "hyperpod": "Cluster"}
-
-
 def price(
     settings: AwsSettings,
     instance_type: str,
     overrides: dict[str, float] | None = None,
     online: bool = True,
-    target: str = "training-job",
+    usage: Usage = TRAINING_JOB,
 ) -> Price:
-    """On-demand USD per instance-hour of an instance as `target` bills it: --price, else the cache, else the Price
+    """On-demand USD per instance-hour of an instance as `usage` bills it: --price, else the cache, else the Price
     List API (when online), else the shipped file (training jobs only)."""
     overrides = overrides or {}
     if instance_type in overrides or "*" in overrides:
         return Price(overrides.get(instance_type, overrides.get("*")), "--price")
-    usage = PRICE_USAGE[target]
-    key = f"{settings.region}/{instance_type}" + ("" if usage == "Train" else f"/{usage}")
+    shipped_usage = usage.price == TRAINING_JOB.price  # the shipped file holds training prices only
+    key = f"{settings.region}/{instance_type}" + ("" if shipped_usage else f"/{usage.price}")
     cache = _read_cache()
     cached = cache.get(key)
     if cached and time.time() - cached["at"] < PRICE_CACHE_SECONDS:
         return Price(cached["usd"], f"AWS Price List API ({settings.region}, cached {_age(cached['at'])})")
     if online and settings.region not in _unreachable:
-        fetched = _price_list(settings, instance_type, usage)
+        fetched = _price_list(settings, instance_type, usage.price)
         if fetched is not None:
             cache[key] = {"usd": fetched, "at": time.time()}
             _write_cache(cache)
             return Price(fetched, f"AWS Price List API ({settings.region})")
-    if usage != "Train":
+    if not shipped_usage:
         why = "it bills apart from training jobs and no price is shipped for it" + ("" if online else "; offline")
-        return Price(None, f"no {target} price for {instance_type} ({why}): pass --price {instance_type}=USD")
+        return Price(None, f"no {usage.billed_as} price for {instance_type} ({why}): pass --price {instance_type}=USD")
     shipped = shipped_prices()
     usd = shipped["training"].get(instance_type)
     if usd is None:
@@ -234,23 +244,30 @@ def quota_problem(quota: Quota, needed: int) -> str | None:
     )
 
 
-def preflight(cfg: Any, on_note: Any = None, online: bool = True) -> str:
-    """Before a training job is submitted: refuse (QuotaError) when the account's quota for its instances is below
-    the instance count; else one line with the quota and the price. `online=False`: the price file only."""
-    job = cfg.training_job
-    name = quota_name(job.instance_type, "spot" if job.spot else "training-job")
-    quota = quotas(cfg.aws, [name])[name] if online else Quota(name, None, "not checked")
-    problem = quota_problem(quota, job.instance_count)
+def preflight(
+    settings: AwsSettings,
+    instance_type: str,
+    count: int,
+    usage: Usage,
+    on_note: Callable[[str], None] | None = None,
+    online: bool = True,
+) -> str:
+    """Before instances are launched for a job (the target's record decides when: toolkit/targets/): refuse
+    (QuotaError) when the account's quota for them is below `count`; else one line with the quota and the price.
+    `online=False`: the price file only."""
+    name = quota_name(instance_type, usage)
+    quota = quotas(settings, [name])[name] if online else Quota(name, None, "not checked")
+    problem = quota_problem(quota, count)
     if problem:
         raise QuotaError(problem)
-    cost = price(cfg.aws, job.instance_type, online=online)
+    cost = price(settings, instance_type, online=online, usage=usage)
     quota_text = f"{quota.value:g}" if quota.value is not None else quota.detail
     price_text = (
-        f"${cost.usd_per_hour * job.instance_count:,.2f}/h on demand ({cost.source})"
-        if cost.usd_per_hour is not None else cost.source
+        f"${cost.usd_per_hour * count:,.2f}/h on demand ({cost.source})" if cost.usd_per_hour is not None
+        else cost.source
     )  # fmt: skip
     line = (
-        f"preflight: {job.instance_count} x {job.instance_type}: quota {name!r} = {quota_text}; {price_text}; "
+        f"preflight: {count} x {instance_type}: quota {name!r} = {quota_text}; {price_text}; "
         "time and cost: `toolkit plan CONFIG`"
     )
     if on_note:

@@ -21,10 +21,10 @@ from toolkit.config import Config
 from toolkit.config.instances import GPUS, INSTANCES, MICRO_BATCH_LIMITS, MODELS
 from toolkit.config.targets import run_home
 from toolkit.resources import HERE as RESOURCES
+from toolkit.targets.base import Size, Target, get_target, registered_targets
 
 THROUGHPUT_FILE = RESOURCES / "throughput.json"
 CHARS_PER_TOKEN = 4  # the fast count of an unprepared local file: its bytes / 4 (marked estimated)
-HYPERPOD_NODES = (1, 2, 4)  # the node counts plan offers besides the configured one
 Basis = Literal["measured", "scaled", "estimated", "none"]
 BASIS_ORDER: list[Basis] = ["measured", "scaled", "estimated", "none"]
 
@@ -46,7 +46,7 @@ class Candidate:
     usd_per_hour: float | None  # on demand, all nodes together
     price_source: str
     cost_usd: float | None
-    spot_cost_usd: tuple[float, float] | None  # training-job only: (the most savings AWS quotes, on demand)
+    spot_cost_usd: tuple[float, float] | None  # where spot runs it: (the most savings AWS quotes, on demand)
     quota_name: str | None
     quota: float | None
     quota_detail: str
@@ -241,6 +241,24 @@ def memory_fit(cfg: Config, instance_type: str, world: int) -> tuple[Literal["ye
     return "unknown", f"not measured for this setting on {memory} GiB GPUs{weights}"
 
 
+def _choices(cfg: Config, notes: list[str]) -> list[tuple[Target, Size, bool]]:
+    """(target, size, configured): the configured size first, then every target's sizes (asked of each target's
+    record: a new target takes part without a change here)."""
+    own = get_target(cfg.target)
+    configured = own.configured_size(cfg)
+    if configured is None:
+        notes.append(f"target {own.name}: {own.unrented}; the table compares the cloud targets")
+    first = [(own, configured, True)] if configured is not None else []
+    return first + [(target, size, False) for target in registered_targets() for size in target.sizes(cfg)
+                     if (target, size) != (own, configured)]  # fmt: skip
+
+
+def _chooses_types(target: Target, cfg: Config) -> bool:
+    """A target that offers several instance types names each one that does not fit (plan's left_out); one whose
+    type is fixed (a cluster's) has no alternative to name."""
+    return len({size.instance_type for size in target.sizes(cfg)}) > 1
+
+
 def plan(
     cfg: Config,
     tokens: int | None = None,
@@ -253,46 +271,30 @@ def plan(
 
     epoch_tokens, tokens_source = data_tokens(cfg, tokens)
     result = Plan(cfg.name, cfg.model.id, epoch_tokens, tokens_source)
-    choices: list[tuple[str, str, int, bool]] = []  # (target, instance type, nodes, configured)
-    job, pod = cfg.training_job, cfg.hyperpod
-    if cfg.target == "training-job":
-        choices.append(("training-job", job.instance_type, job.instance_count, True))
-    elif cfg.target == "hyperpod":
-        choices.append(("hyperpod", pod.instance_type, pod.nodes, True))
-    else:
-        result.notes.append("target local: this machine's GPUs are not in the price or quota tables; the table "
-                            "compares the cloud targets")  # fmt: skip
-    choices += [("training-job", name, job.instance_count, False) for name in INSTANCES
-                if ("training-job", name, job.instance_count, True) not in choices]  # fmt: skip
-    choices += [("hyperpod", pod.instance_type, n, False) for n in sorted({*HYPERPOD_NODES, pod.nodes})
-                if ("hyperpod", pod.instance_type, n, True) not in choices]  # fmt: skip
-
-    usages = {"training-job": "spot" if job.spot else "training-job", "hyperpod": "hyperpod"}
     rows = []
-    for target, instance_type, nodes, configured in choices:
-        spec = INSTANCES[instance_type]
-        gpus = (pod.gpus_per_node or spec.gpus) * nodes if target == "hyperpod" else spec.gpus * nodes
-        fits, fits_detail = memory_fit(cfg, instance_type, gpus)
+    for target, size, configured in _choices(cfg, result.notes):
+        fits, fits_detail = memory_fit(cfg, size.instance_type, size.gpus)
         if fits == "no" and not configured and not all_types:
-            if target == "training-job":
-                result.left_out.append(f"{instance_type}: {fits_detail}")
+            if _chooses_types(target, cfg):
+                result.left_out.append(f"{size.instance_type}: {fits_detail}")
             continue
-        rows.append((target, instance_type, nodes, configured, gpus, fits, fits_detail))
-    names = sorted({limits.quota_name(i, usages[t]) for t, i, *_ in rows})
+        rows.append((target, size, configured, fits, fits_detail))
+    names = sorted({limits.quota_name(size.instance_type, size.usage) for _, size, *_ in rows})
     quota_values = limits.quotas(cfg.aws, names) if online else {
         name: limits.Quota(name, None, "not checked (--offline)") for name in names}  # fmt: skip
-    for target, instance_type, nodes, configured, gpus, fits, fits_detail in rows:
-        count, count_source = run_tokens(cfg, gpus, epoch_tokens)
-        rate, basis, rate_detail = throughput(cfg, instance_type, gpus) if fits != "no" else (None, "none", "")
+    for target, size, configured, fits, fits_detail in rows:
+        instance_type, nodes = size.instance_type, size.nodes
+        count, count_source = run_tokens(cfg, size.gpus, epoch_tokens)
+        rate, basis, rate_detail = throughput(cfg, instance_type, size.gpus) if fits != "no" else (None, "none", "")
         hours = count / rate / 3600 if count and rate else None
-        cost = limits.price(cfg.aws, instance_type, prices, online, target)
+        cost = limits.price(cfg.aws, instance_type, prices, online, size.usage)
         usd = cost.usd_per_hour * nodes if cost.usd_per_hour is not None else None
         spot = None
-        if target == "training-job" and usd is not None and hours is not None:
+        if target.offers_spot and usd is not None and hours is not None:
             spot = (hours * usd * (1 - limits.shipped_prices()["spot"]["max_savings"]), hours * usd)
-        quota = quota_values[limits.quota_name(instance_type, usages[target])]
+        quota = quota_values[limits.quota_name(instance_type, size.usage)]
         result.candidates.append(Candidate(
-            target, instance_type, nodes, gpus, configured, fits, fits_detail, count, rate, basis,
+            target.name, instance_type, nodes, size.gpus, configured, fits, fits_detail, count, rate, basis,
             "; ".join(x for x in (count_source, rate_detail) if x), hours, usd, cost.source,
             hours * usd if hours is not None and usd is not None else None, spot, quota.name, quota.value,
             quota.detail, limits.quota_problem(quota, nodes),

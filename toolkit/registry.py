@@ -1,12 +1,13 @@
 """`toolkit register`: record a trained model in a SageMaker Model Package Group (the model catalogue).
 
-One package per training job: the serving image and model data (what `deploy` would serve), the job, its data
-and final metrics as metadata, the eval report (`toolkit eval`'s report.json, uploaded once under a digest name and
-referenced as ModelMetrics, its key numbers in CustomerMetadataProperties) and an approval status from the
-config's gate (toolkit/evaluate/gate.py): passes -> Approved, fails -> Rejected, no report -> PendingManualApproval;
-`approve=True` is the manual override. Re-running for the same job returns the existing package and applies the
-new verdict and numbers to it (SageMaker cannot change a package's ModelMetrics: those stay the first report's;
-`eval:report` names the latest) instead of registering it twice.
+One package per completed run, which the config's own target finds (`Target.run_to_register`: a training job by
+its ARN, a HyperPod run by its model's S3 prefix): the serving image and model data (what `deploy` would serve),
+the run, its data and final metrics as metadata, the eval report (`toolkit eval`'s report.json, uploaded once
+under a digest name and referenced as ModelMetrics, its key numbers in CustomerMetadataProperties) and an approval
+status from the config's gate (toolkit/evaluate/gate.py): passes -> Approved, fails -> Rejected, no report ->
+PendingManualApproval; `approve=True` is the manual override. Re-running for the same run returns the existing
+package and applies the new verdict and numbers to it (SageMaker cannot change a package's ModelMetrics: those
+stay the first report's; `eval:report` names the latest) instead of registering it twice.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.deploy import DeployInputError, vllm_environment
 from toolkit.deploy.endpoint import model_data_fields
+from toolkit.errors import Failed
 from toolkit.evaluate import eval_dir
 from toolkit.evaluate.gate import APPROVED, Verdict, check_scored, judge, key_numbers, load_report
 from toolkit.evaluate.report import REPORT_FILE
 from toolkit.limits import customer_metadata
+from toolkit.targets.base import RunToRegister, TargetError, get_target
 
 APPROVAL_DESCRIPTION_CHARS = 1024  # UpdateModelPackage's ApprovalDescription (botocore's service model)
 
@@ -42,40 +45,37 @@ class Registration:
     left_out: list[str] = field(default_factory=list)  # metadata keys past SageMaker's limits (toolkit.limits)
 
 
-def _latest_job(config: Config, sagemaker: Any, job_name: str | None) -> dict:
-    if job_name is None:
-        from toolkit.targets.base import get_target
-
-        latest = get_target("training-job").latest(config)  # a model package records its training job
-        if latest is None:
-            raise DeployInputError(
-                f"no completed training job of {config.name} found: train with --target training-job first, "
-                "or pass --job NAME"
-            )
-        job_name = latest.name
-    job = sagemaker.describe_training_job(TrainingJobName=job_name)
-    if job["TrainingJobStatus"] != "Completed":
-        raise DeployInputError(
-            f"training job {job_name} is {job['TrainingJobStatus']}: only completed jobs are registered"
-        )
-    return job
+class NothingToRegister(DeployInputError, TargetError):
+    """No completed run to register, or its model cannot reach S3 from here: the registry's bad input (exit 2), and
+    still the target's error (SDK callers catch either)."""
 
 
-def _existing(sagemaker: Any, group: str, job_arn: str) -> dict | None:
+def _run_to_register(config: Config, job_name: str | None) -> RunToRegister:
+    """The config's own target finds the run (a training job, a HyperPod run, ...); the registry names none."""
+    try:
+        return get_target(config.target).run_to_register(config, job_name)
+    except TargetError as exc:
+        if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
+            raise
+        raise NothingToRegister(str(exc)) from None
+
+
+def _existing(sagemaker: Any, group: str, run: RunToRegister) -> dict | None:
+    """The group's package of this run, found by the metadata entry that names the run alone."""
+    key, value = run.identity
     pages = sagemaker.get_paginator("list_model_packages").paginate(ModelPackageGroupName=group)
     for page in pages:
         for summary in page["ModelPackageSummaryList"]:
             package = sagemaker.describe_model_package(ModelPackageName=summary["ModelPackageArn"])
-            if package.get("CustomerMetadataProperties", {}).get("training_job_arn") == job_arn:
+            if package.get("CustomerMetadataProperties", {}).get(key) == value:
                 return package
     return None
 
 
-def _run_digest(s3: Any, job: dict) -> str | None:
-    """The digest of the run.json the job wrote next to its model (None for a model.tar.gz or none written)."""
+def _run_digest(s3: Any, model: str) -> str | None:
+    """The digest of the run.json the run wrote next to its model (None for a model.tar.gz or none written)."""
     from botocore.exceptions import ClientError
 
-    model = aws.model_artifacts(job).get("model", "")
     if not model.endswith("/"):
         return None  # inside a model.tar.gz: not read without downloading the whole model
     bucket, _, prefix = model[len("s3://") :].partition("/")
@@ -132,13 +132,13 @@ def register(
 ) -> Registration:
     environment = package_environment(config)  # before any call: a package AWS would refuse is never begun
     sagemaker = sagemaker or aws.client(config.aws, "sagemaker")
-    job = _latest_job(config, sagemaker, job_name)
+    run = _run_to_register(config, job_name)
     path = Path(report_path) if report_path else eval_dir(config) / REPORT_FILE
     report = load_report(path, explicit=report_path is not None)
     if report is not None:  # checked before anything is written: a report of another model attaches to nothing
         aws.require(config.aws, "bucket")
         s3 = s3 or aws.client(config.aws, "s3")
-        check_scored(report, path, job["TrainingJobName"], _run_digest(s3, job))
+        check_scored(report, path, run.name, _run_digest(s3, run.model))
     verdict = judge(config.registry.gate, report)
     if approve and verdict.status != APPROVED:
         verdict = Verdict(APPROVED, f"{verdict.reason}; Approved by --approve (manual override)")
@@ -152,8 +152,8 @@ def register(
         )
     attached, content_digest = _attach(s3, config, path) if report is not None else (None, None)
     entries = {
-        "training_job": job["TrainingJobName"],
-        "training_job_arn": job["TrainingJobArn"],
+        "training_job": run.name,
+        run.identity[0]: run.identity[1],
         "base_model": config.model.id,
         "data_source": config.data.source,
         "lora": f"r={config.lora.r} alpha={config.lora.alpha}"
@@ -163,9 +163,9 @@ def register(
     if attached:
         entries["eval:report"] = attached
         entries |= key_numbers(report or {}, config.registry.gate)
-    entries |= {f"metric:{m['MetricName']}": f"{m['Value']:.6g}" for m in job.get("FinalMetricDataList", [])}
+    entries |= {f"metric:{name}": f"{value:.6g}" for name, value in run.metrics.items()}
     metadata, left_out = customer_metadata(entries)
-    package = _existing(sagemaker, group, job["TrainingJobArn"])
+    package = _existing(sagemaker, group, run)
     if package is not None:
         arn = package["ModelPackageArn"]
         if report is None and not approve:  # nothing new to decide: the package keeps its status
@@ -175,13 +175,13 @@ def register(
         return Registration(arn, group, verdict.status, False, _version(arn), verdict.reason, attached, left_out)
     created = sagemaker.create_model_package(
         ModelPackageGroupName=group,
-        ModelPackageDescription=f"{config.model.id} + LoRA from training job {job['TrainingJobName']}",
+        ModelPackageDescription=f"{config.model.id} + LoRA from {run.described_as}",
         InferenceSpecification={
             "Containers": [
                 {
                     "Image": image_uri,
                     "Environment": environment,
-                    **model_data_fields(aws.model_artifacts(job)["model"]),
+                    **model_data_fields(run.model),
                 }
             ],
             "SupportedContentTypes": ["application/json"],
@@ -190,7 +190,7 @@ def register(
         },
         ModelApprovalStatus=verdict.status,
         CustomerMetadataProperties=metadata,
-        MetadataProperties={"GeneratedBy": job["TrainingJobArn"]},
+        MetadataProperties={"GeneratedBy": run.identity[1]},
         **({"ModelMetrics": {"ModelQuality": {"Statistics": {
             "ContentType": "application/json", "S3Uri": attached, "ContentDigest": content_digest,
         }}}} if attached else {}),

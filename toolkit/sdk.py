@@ -153,20 +153,20 @@ def train(
 ) -> Job:
     """Submit training to a target (default: the config's `target`); returns a job handle.
 
-    A training job is first checked against the account's Service Quota for its instances (`QuotaError`, nothing
-    submitted, when it is below the instance count) and priced; `on_note` gets that one line. `preflight=False`
-    skips both. Call `job.wait()` to block until it ends; `job.stop()` checkpoints and stops it.
+    A target whose jobs launch instances (a training job) first checks the account's Service Quota for them
+    (`QuotaError`, nothing submitted, when it is below the instance count) and prices them; `on_note` gets that one
+    line. `preflight=False` skips both. Call `job.wait()` to block until it ends; `job.stop()` checkpoints and
+    stops it.
     """
     from toolkit_train import prepared
-
-    from toolkit import limits
 
     cfg = _as_config(config, overrides, target)
     if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
         prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
-    if preflight and cfg.target == "training-job":
-        limits.preflight(cfg, on_note)
-    return get_target(cfg.target).submit(cfg, fresh=fresh)
+    chosen = get_target(cfg.target)
+    if preflight:
+        chosen.preflight(cfg, on_note)
+    return chosen.submit(cfg, fresh=fresh)
 
 
 def plan(
@@ -404,7 +404,7 @@ def serve_target(config: Config, target: str | None = None) -> Literal["endpoint
     """Where deploy and invoke go when not told: this machine for a config whose training target is local (its model
     is here), else the config's SageMaker endpoint."""
     if target is None:
-        return "local" if config.target == "local" else "endpoint"
+        return "local" if get_target(config.target).model_is_here else "endpoint"
     if target not in ("endpoint", "local"):
         raise BadInput(f"target {target!r}: serve on 'endpoint' (SageMaker) or 'local' (vLLM on this machine)")
     return "local" if target == "local" else "endpoint"
@@ -442,10 +442,12 @@ def register(
     overrides: Sequence[str] = (),
     report: str | Path | None = None,
 ) -> Registration:
-    """Record a completed training job's model in the config's Model Package Group, with its eval report
-    (`report`, default runs/<name>/eval/report.json when there is one) attached and the approval status from
-    `registry.gate`: passes -> Approved, fails -> Rejected, no report -> PendingManualApproval; `approve` is the
-    manual override. A report that scored another model is refused (`ReportError`)."""
+    """Record a completed run's model in the config's Model Package Group, with its eval report (`report`,
+    default runs/<name>/eval/report.json when there is one) attached and the approval status from `registry.gate`:
+    passes -> Approved, fails -> Rejected, no report -> PendingManualApproval; `approve` is the manual override. A
+    report that scored another model is refused (`ReportError`). The run is the one the config's target finds: the
+    newest completed training job (or `job_name`) for a local or training-job config, the newest HyperPod run (its
+    model brought to S3 once) for a HyperPod config; `NothingToRegister` (exit 2) says why when there is none."""
     from toolkit.registry import register as register_model
 
     cfg = _as_config(config, overrides)

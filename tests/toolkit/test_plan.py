@@ -26,6 +26,7 @@ from toolkit.cli import app
 from toolkit.config import load_config, preset_names
 from toolkit.config.instances import INSTANCES
 from toolkit.plan import THROUGHPUT_FILE, throughput_table
+from toolkit.targets.base import get_target
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -160,8 +161,8 @@ def test_plan_reads_the_price_list_api_and_service_quotas(aws_env, monkeypatch):
     cfg = load_config("gpt-oss-20b-lora", ["target=training-job"])
     order = list(dict.fromkeys(c.instance_type for c in sdk.plan(cfg, tokens=10**6, online=False).candidates))
     quotas, quota_stub = stubbed("service-quotas", aws_env)
-    names = {limits.quota_name(t, "training-job") for t in order}
-    names.add(limits.quota_name(cfg.hyperpod.instance_type, "hyperpod"))
+    names = {limits.quota_name(t, limits.TRAINING_JOB) for t in order}
+    names.add(limits.quota_name(cfg.hyperpod.instance_type, limits.CLUSTER))
     applied = {"ml.p5.48xlarge for training job usage": 0.0}  # a new account's default for p5
     quota_stub.add_response("list_service_quotas", quota_page(applied), {"ServiceCode": "sagemaker"})
     defaults = {"ml.p5en.48xlarge for training job usage": 2.0}
@@ -234,7 +235,7 @@ def test_preflight_line_names_quota_and_price(aws_env, monkeypatch):
     lines: list[str] = []
     cfg = load_config("gpt-oss-20b-lora", ["target=training-job"])
     with stub:
-        limits.preflight(cfg, lines.append)
+        get_target(cfg.target).preflight(cfg, lines.append)
     shipped = limits.shipped_prices()["training"]["ml.p5.48xlarge"]
     assert lines == [lines[0]] and "= 4;" in lines[0] and f"${shipped:,.2f}/h on demand" in lines[0]
 

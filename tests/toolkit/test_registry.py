@@ -55,3 +55,63 @@ def test_a_package_with_more_environment_entries_than_aws_holds_is_refused_befor
         sdk.register(cfg, image_uri=IMAGE)
     sagemaker = boto3.client("sagemaker", region_name="us-east-1")
     assert sagemaker.list_model_package_groups()["ModelPackageGroupSummaryList"] == []
+
+
+# -- the run comes from the config's own target: a HyperPod run registers by its model, brought to S3 once ----------
+
+
+def hyperpod_config(aws_env, shared, *overrides):
+    return config(aws_env, "target=hyperpod", "hyperpod.orchestrator=slurm", f"hyperpod.fsx.mount_path={shared}",
+                  *overrides)  # fmt: skip
+
+
+def completed_hyperpod_run(cfg) -> None:
+    """What a finished HyperPod run leaves in its job directory on the shared filesystem (run.json written last)."""
+    from toolkit.targets.hyperpod import job_dir
+
+    model = job_dir(cfg) / "model"
+    (model / "adapter").mkdir(parents=True)
+    (model / "adapter" / "adapter_config.json").write_text("{}")
+    (model / "run.json").write_text('{"job": "slurm"}')
+
+
+def test_a_hyperpod_run_registers_by_its_model_uploaded_once(aws_env, tmp_path):
+    cfg = hyperpod_config(aws_env, tmp_path / "fsx")
+    completed_hyperpod_run(cfg)
+    first = sdk.register(cfg, image_uri=IMAGE)
+    assert first.created and first.status == "PendingManualApproval"
+
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    package = sagemaker.describe_model_package(ModelPackageName=first.arn)
+    served = package["InferenceSpecification"]["Containers"][0]["ModelDataSource"]["S3DataSource"]["S3Uri"]
+    assert served.startswith(f"s3://{aws_env['bucket']}/toolkit/models/tiny-gpt-oss-local/") and served.endswith("/")
+    listed = boto3.client("s3").list_objects_v2(Bucket=aws_env["bucket"], Prefix=served.split("/", 3)[3])
+    assert {o["Key"].rsplit("/", 1)[-1] for o in listed["Contents"]} >= {"run.json", "adapter_config.json"}
+    metadata = package["CustomerMetadataProperties"]
+    assert metadata["training_job"] == "tiny-gpt-oss-local" and metadata["model_data"] == served
+    assert "training_job_arn" not in metadata and package["ModelPackageDescription"].endswith(
+        "from hyperpod run tiny-gpt-oss-local")  # fmt: skip
+
+    again = sdk.register(cfg, image_uri=IMAGE, approve=True)  # the same run: found by its model, not registered twice
+    assert not again.created and again.arn == first.arn and again.status == "Approved"
+
+
+def test_a_hyperpod_run_that_cannot_be_registered_from_here_is_said_plainly(aws_env, tmp_path):
+    """No completed run in the job directory (the shared filesystem not mounted here, or nothing trained): exit 2,
+    one line saying how to get one; --job of another run than the one whose model the cluster keeps: the same."""
+    shared = tmp_path / "fsx"
+    path = tmp_path / "hp.yaml"
+    path.write_text(f"base: tiny-gpt-oss-local\ntarget: hyperpod\naws: {{role: '{aws_env['role']}', bucket: "
+                    f"{aws_env['bucket']}}}\nhyperpod: {{orchestrator: slurm, fsx: {{mount_path: "
+                    f"'{shared}'}}}}\n")  # fmt: skip
+    result = CliRunner().invoke(app, ["register", str(path), "--image-uri", IMAGE])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "no completed hyperpod run of tiny-gpt-oss-local found" in result.output
+    with pytest.raises(DeployError, match="toolkit train tiny-gpt-oss-local --target hyperpod"):
+        sdk.register(hyperpod_config(aws_env, shared), image_uri=IMAGE)
+
+    completed_hyperpod_run(hyperpod_config(aws_env, shared))
+    other = CliRunner().invoke(app, ["register", str(path), "--image-uri", IMAGE, "--job", "4242"])
+    assert other.exit_code == 2 and "keeps the model of tiny-gpt-oss-local's newest run only" in other.output
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    assert sagemaker.list_model_package_groups()["ModelPackageGroupSummaryList"] == []

@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from toolkit import limits
 from toolkit.config import Config
-from toolkit.targets.base import Job, JobState, Target, TargetError
+from toolkit.config.instances import INSTANCES
+from toolkit.targets.base import Job, JobState, Size, Target, TargetError
 from toolkit.targets.jobtree import place_train_channel, prepare_run_dir, stage_code
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
+PLAN_NODES = (1, 2, 4)  # the node counts plan offers besides the configured one
 
 
 def job_dir(config: Config) -> Path:
@@ -60,6 +63,20 @@ class HyperPodTarget(Target):
         """Slurm: uploaded from the shared filesystem (mounted where the toolkit runs: the head node); EKS: the
         client cannot mount FSx, so a Job in the cluster exports it."""
         return self._delegate(config).servable_model(config, dry_run)
+
+    # What plan asks: the cluster's instance type (fixed: the cluster has it) at a few node counts, drawing on
+    # SageMaker's cluster usage. No preflight: the cluster's instances run already, a job launches none.
+    def configured_size(self, config: Config) -> Size:
+        return self._size(config, config.hyperpod.nodes)
+
+    def sizes(self, config: Config) -> list[Size]:
+        return [self._size(config, nodes) for nodes in sorted({*PLAN_NODES, config.hyperpod.nodes})]
+
+    @staticmethod
+    def _size(config: Config, nodes: int) -> Size:
+        pod = config.hyperpod
+        per_node = pod.gpus_per_node or INSTANCES[pod.instance_type].gpus
+        return Size(pod.instance_type, nodes, per_node * nodes, limits.CLUSTER)
 
 
 TARGET = HyperPodTarget()

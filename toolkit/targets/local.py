@@ -34,6 +34,7 @@ from toolkit.targets.base import (
     Artifacts,
     Job,
     JobState,
+    RunToRegister,
     Status,
     Target,
     TargetError,
@@ -268,6 +269,17 @@ class LocalTarget(Target):
         from toolkit.targets.base import get_target
 
         return get_target("training-job").servable_model(config, dry_run)
+
+    def run_to_register(self, config: Config, job_name: str | None = None) -> RunToRegister:
+        """As `servable_model`: a model package records a training job (the registry serves from S3), so a local
+        config registers its newest completed training job (or `job_name`)."""
+        from toolkit.targets.base import get_target
+
+        return get_target("training-job").run_to_register(config, job_name)
+
+    # What plan and serving ask: this machine's GPUs are rented from no one; the model a run makes is here.
+    unrented = "this machine's GPUs are not in the price or quota tables"
+    model_is_here = True
 
     @staticmethod
     def _lay_out(config: Config, root: Path, fresh: bool) -> None:

@@ -7,6 +7,7 @@ once per content hash; a dry run renders the exact CreateTrainingJob request and
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -22,14 +23,24 @@ from toolkit_train.metrics import FIELDS as METRIC_FIELDS
 from toolkit_train.metrics import SAGEMAKER_METRIC, metric_regex
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 
-from toolkit import aws, digest, sagemaker_sdk
+from toolkit import aws, digest, limits, sagemaker_sdk
 from toolkit.config import Config
-from toolkit.config.instances import instance
+from toolkit.config.instances import INSTANCES, instance
 from toolkit.config.members import CONFIG_TAG
 from toolkit.config.targets import run_home
 from toolkit.files import write_atomically
 from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
-from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, tail
+from toolkit.targets.base import (
+    Artifacts,
+    Job,
+    JobState,
+    RunToRegister,
+    Size,
+    Status,
+    Target,
+    TargetError,
+    tail,
+)
 from toolkit.targets.jobtree import stage_code
 
 # SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/metrics.py: the one format)
@@ -227,6 +238,47 @@ class TrainingJobTarget(Target):
         if name is None:
             return None
         return _state(aws.client(config.aws, "sagemaker").describe_training_job(TrainingJobName=name))
+
+    def run_to_register(self, config: Config, job_name: str | None = None) -> RunToRegister:
+        """The named job, else the newest completed one: a model package records the training job (its ARN)."""
+        if job_name is None:
+            latest = self.latest(config)
+            if latest is None:
+                raise TargetError(
+                    f"no completed training job of {config.name} found: train with --target training-job first, "
+                    "or pass --job NAME"
+                )
+            job_name = latest.name
+        job = aws.client(config.aws, "sagemaker").describe_training_job(TrainingJobName=job_name)
+        if job["TrainingJobStatus"] != "Completed":
+            raise TargetError(
+                f"training job {job_name} is {job['TrainingJobStatus']}: only completed jobs are registered"
+            )
+        metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
+        return RunToRegister(job_name, aws.model_artifacts(job)["model"], ("training_job_arn", job["TrainingJobArn"]),
+                             f"training job {job_name}", metrics)  # fmt: skip
+
+    # What plan and preflight ask: any instance type at the configured count, on demand or managed spot.
+    offers_spot = True
+
+    def configured_size(self, config: Config) -> Size:
+        return self._size(config, config.training_job.instance_type)
+
+    def sizes(self, config: Config) -> builtins.list[Size]:  # `list` here is the class's own method
+        return [self._size(config, name) for name in INSTANCES]
+
+    @staticmethod
+    def _size(config: Config, instance_type: str) -> Size:
+        job = config.training_job
+        usage = limits.SPOT_TRAINING_JOB if job.spot else limits.TRAINING_JOB
+        return Size(instance_type, job.instance_count, INSTANCES[instance_type].gpus * job.instance_count, usage)
+
+    def preflight(
+        self, config: Config, on_note: Callable[[str], None] | None = None, online: bool = True
+    ) -> str | None:
+        """Every job launches its own instances: the account's quota for them, and their price."""
+        size = self.configured_size(config)
+        return limits.preflight(config.aws, size.instance_type, size.nodes, size.usage, on_note, online)
 
     def _request(self, config: Config, dry_run: bool) -> dict:  # dry_run: the offline rendering
         job_name = sagemaker_sdk.unique_job_name(config.name)

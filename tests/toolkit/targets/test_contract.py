@@ -18,7 +18,8 @@ import pytest
 from tests import slurm_cluster
 from tests.k8s_emulator import KubeApi
 from toolkit.config import load_config
-from toolkit.targets.base import Job, Target, TargetError
+from toolkit.config.targets import TARGET_SETTINGS
+from toolkit.targets.base import Job, Target, TargetError, get_target
 from toolkit.targets.hyperpod import HyperPodTarget
 from toolkit.targets.hyperpod_eks import EksJob, EksOrchestrator
 from toolkit.targets.hyperpod_slurm import SlurmJob, SlurmOrchestrator
@@ -47,9 +48,10 @@ def test_every_class_implements_the_whole_contract(cls):
 
 
 def _hyperpod(orchestrator: str, *overrides: str):
+    cluster = ["hyperpod.cluster=test"] if orchestrator == "eks" else []  # Slurm submits on its head node: none
     return load_config(
         "tiny-gpt-oss-local",
-        ["target=hyperpod", "hyperpod.cluster=test", f"hyperpod.orchestrator={orchestrator}", "hyperpod.nodes=2",
+        ["target=hyperpod", *cluster, f"hyperpod.orchestrator={orchestrator}", "hyperpod.nodes=2",
          "hyperpod.gpus_per_node=0", "hyperpod.image=acct.dkr.ecr.us-east-1.amazonaws.com/train:1", *overrides],
     )  # fmt: skip
 
@@ -93,3 +95,40 @@ def test_the_same_behaviour_on_every_target(engine, monkeypatch, tmp_path):
         target.attach(config, "no-such-job-4242")
     # the hand-over (deploy and the registry ask only this): a config that never ran has no latest run
     assert target.latest(config) is None
+
+
+@pytest.mark.parametrize("name", list(TARGET_SETTINGS))
+def test_every_target_answers_what_plan_and_preflight_ask(name):
+    """Plan, preflight and serving ask the record, never the name: a target that rents instances offers the sizes
+    plan compares (its configured one among them, each with its GPUs and the quota and price usage it draws on);
+    one that rents none says so in plan's note and checks nothing before a submit."""
+    from toolkit import limits
+
+    target = get_target(name)
+    cfg = load_config("gpt-oss-20b-lora", [f"target={name}"])
+    configured, sizes = target.configured_size(cfg), target.sizes(cfg)
+    assert target.name == name
+    if configured is None:
+        assert sizes == [] and target.unrented and target.preflight(cfg, online=False) is None
+        return
+    assert configured in sizes and len(set(sizes)) == len(sizes)
+    assert all(s.nodes >= 1 and s.gpus >= s.nodes and isinstance(s.usage, limits.Usage) for s in sizes)
+
+
+def test_the_records_say_what_the_names_used_to():
+    """What plan, preflight and serving branched on by name before: spot and a per-job quota check for training
+    jobs (spot counted against its own quota), HyperPod's cluster usage at 1, 2, 4 and the configured node count,
+    and a local run's model on this machine."""
+    from toolkit import limits
+
+    spot = load_config("gpt-oss-20b-lora", ["target=training-job", "training_job.spot=true",
+                                            "training_job.instance_count=2"])  # fmt: skip
+    job = get_target("training-job")
+    assert job.offers_spot and job.configured_size(spot).usage == limits.SPOT_TRAINING_JOB
+    assert job.configured_size(spot).gpus == 16 and {s.nodes for s in job.sizes(spot)} == {2}
+    pod = load_config("gpt-oss-20b-lora", ["target=hyperpod", "hyperpod.nodes=3", "hyperpod.gpus_per_node=4"])
+    cluster = get_target("hyperpod")
+    assert [(s.nodes, s.gpus) for s in cluster.sizes(pod)] == [(1, 4), (2, 8), (3, 12), (4, 16)]
+    assert cluster.configured_size(pod).usage == limits.CLUSTER and not cluster.offers_spot
+    assert cluster.preflight(pod, online=False) is None  # the cluster's instances run already: no quota drawn
+    assert get_target("local").model_is_here and not job.model_is_here and not cluster.model_is_here

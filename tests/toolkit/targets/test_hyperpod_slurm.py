@@ -37,7 +37,7 @@ def slurm(tmp_path_factory, tiny_model_path):
 def config(shared, *overrides):
     return load_config(
         "tiny-gpt-oss-local",
-        ["target=hyperpod", "hyperpod.cluster=test", "hyperpod.orchestrator=slurm", "hyperpod.nodes=2",
+        ["target=hyperpod", "hyperpod.orchestrator=slurm", "hyperpod.nodes=2",
          "hyperpod.gpus_per_node=0", f"hyperpod.fsx.mount_path={shared}", f"hyperpod.python={sys.executable}",
          "training.save_steps=2", *overrides],
     )  # fmt: skip
