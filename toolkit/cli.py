@@ -17,8 +17,8 @@ import typer
 import typer.core
 from rich.console import Console
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, emoji=False)  # values like "a:b:c" are text: rich would print ":b:" as an emoji
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 CONFIG_HELP = "A YAML file or a preset name (see `toolkit config presets`)."
 ConfigArg = Annotated[str, typer.Argument(metavar="CONFIG", help=CONFIG_HELP)]
@@ -394,7 +394,7 @@ def plan(
 def _print_plan(result) -> None:
     from rich.table import Table
 
-    wide = out if out.is_terminal else Console(soft_wrap=True, width=160)  # a pipe or file: keep rows on one line
+    wide = out if out.is_terminal else Console(soft_wrap=True, width=160, emoji=False)  # a pipe or file: keep rows on one line
     table = Table("", "candidate", "GPUs", "fits", "tokens/s", "time", "on demand", "spot", "quota",
                   title=f"{result.config}: {result.model}, {_count(result.data_tokens)} tokens per epoch")  # fmt: skip
     for c in result.candidates:

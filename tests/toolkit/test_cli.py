@@ -65,6 +65,12 @@ def test_bad_input_exit_codes(tmp_path):
         assert "error:" in result.output
 
 
+def test_a_refused_value_is_echoed_as_written():
+    """Values are text: rich's emoji codes (":b:" is one) must not turn a config value into a picture."""
+    result = runner.invoke(app, ["config", "validate", "tiny-gpt-oss-local", "--set", "name=x:b:y"])
+    assert result.exit_code == 2 and "(got 'x:b:y')" in result.output, result.output
+
+
 def test_show_prints_the_resolved_config_with_overrides():
     result = runner.invoke(app, ["config", "show", "gpt-oss-20b-lora", "--set", "lora.r=32"])
     assert result.exit_code == 0
