@@ -394,7 +394,8 @@ def plan(
 def _print_plan(result) -> None:
     from rich.table import Table
 
-    wide = out if out.is_terminal else Console(soft_wrap=True, width=160, emoji=False)  # a pipe or file: keep rows on one line
+    # a pipe or file: keep rows on one line
+    wide = out if out.is_terminal else Console(soft_wrap=True, width=160, emoji=False)
     table = Table("", "candidate", "GPUs", "fits", "tokens/s", "time", "on demand", "spot", "quota",
                   title=f"{result.config}: {result.model}, {_count(result.data_tokens)} tokens per epoch")  # fmt: skip
     for c in result.candidates:
