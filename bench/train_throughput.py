@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -152,10 +153,85 @@ def packed_gate(config, device) -> dict:
             out[f"{key}_grad_rel_err"] = float((grads - ref_grads).norm() / ref_grads.norm())
             del packed
     out.update(lora_input_cast_gate(config, device, rows))
-    out["passed"] = out["lora_input_cast_passed"] and all(
-        out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5 for p, _, _ in cases
+    if device != "cpu":  # compiled attention blocks and routers on the packed path (training.compile_layers on GPU)
+        out.update(compiled_packed_gate(config, device, rows))
+    out["passed"] = (
+        out["lora_input_cast_passed"]
+        and out.get("compiled_passed", True)
+        and all(out[f"{p}float32_grad_rel_err"] < 1e-4 and out[f"{p}float32_loss_rel_diff"] < 1e-5 for p, _, _ in cases)
     )
     return out
+
+
+def compiled_packed_gate(config, device, rows) -> dict:
+    """The packed path with its attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers,
+    what training.compile_layers does with model.experts: mxfp4), with recomputation (transformers' non-reentrant
+    checkpoint around each layer, as 120b trains: the recomputed forward replays the compiled parts, and the packed
+    experts' backward reuses the weights it dequantized) and without, against the same packed model eager without
+    recomputation. fp32 (TF32 off): loss within 1e-5 and LoRA gradients within 1e-4 relative (this gate's fp32
+    bounds). Training's precision (bf16 base, fp32 adapters, bf16 autocast), against the eager fp32 result: within
+    1.5x the eager path's own error at that precision (floors: 1e-4 for the loss, 1e-3 for the gradients; the bound
+    the bf16-expert path's compiled gate states). Also the compiler's graph and graph-break counts."""
+    from toolkit_train.model import add_lora
+    from toolkit_train.mxfp4 import compile_packed_layers
+    from toolkit_train.settings import LoraSettings
+
+    def run(compiled: bool, checkpointing: bool, autocast: bool):
+        model = build_packed_model(config, device, FAST_ATTENTION)
+        model = add_lora(model if autocast else model.to(torch.float32), LoraSettings(dropout=0.0), seed=0)
+        torch.manual_seed(5)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if compiled:
+            compile_packed_layers(model)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+            result = _fast_grads(model, rows, device)
+        del model
+        gc.collect()  # the first run of this gate ran out of memory on an 80 GB H100: free each model (and trainer)
+        torch.cuda.empty_cache()
+        return result
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = dynamo_counts()
+    ref_loss, ref = run(compiled=False, checkpointing=False, autocast=False)
+    runs = {
+        "eager_bf16_autocast": run(compiled=False, checkpointing=False, autocast=True),
+        "compiled_gc_float32": run(compiled=True, checkpointing=True, autocast=False),
+        "compiled_float32": run(compiled=True, checkpointing=False, autocast=False),
+        "compiled_gc_bf16_autocast": run(compiled=True, checkpointing=True, autocast=True),
+    }
+    after = dynamo_counts()
+    out: dict = {}
+    for key, (loss, grads) in runs.items():
+        out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
+        out[f"{key}_grad_rel_err"] = float((grads - ref).norm() / ref.norm())
+    out["compiled_graphs"] = after["unique_graphs"] - before["unique_graphs"]
+    out["compiled_graph_breaks"] = after["graph_breaks"] - before["graph_breaks"]
+    out["compiled_graph_break_reasons"] = after["graph_break_reasons"]
+    bf16_loss_bound = 1.5 * max(out["eager_bf16_autocast_loss_rel_diff"], 1e-4)
+    bf16_grad_bound = 1.5 * max(out["eager_bf16_autocast_grad_rel_err"], 1e-3)
+    out["compiled_passed"] = (
+        out["compiled_graphs"] > 0
+        and all(out[f"{k}_loss_rel_diff"] < 1e-5 and out[f"{k}_grad_rel_err"] < 1e-4
+                for k in ("compiled_gc_float32", "compiled_float32"))
+        and out["compiled_gc_bf16_autocast_loss_rel_diff"] <= bf16_loss_bound
+        and out["compiled_gc_bf16_autocast_grad_rel_err"] <= bf16_grad_bound
+    )  # fmt: skip
+    return out
+
+
+def dynamo_counts() -> dict:
+    """What torch.compile has done in this process so far: graphs captured, graph breaks and their reasons."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(breaks.values()),
+            "graph_break_reasons": {reason[:200]: n for reason, n in list(breaks.items())[:8]}}  # fmt: skip
 
 
 def _peft_cast_again(model) -> None:
@@ -335,6 +411,7 @@ def measure(model, variant, rows, steps, warmup, max_length, budget, checkpointi
         "tokens_per_s": round(rate * world),
         "tokens_per_s_per_gpu": round(rate),
         "step_s": round(seconds / steps, 3),
+        "step_s_each": [round(b - a, 3) for a, b in zip([start, *stamps], stamps, strict=False)],  # warm-up first
         "rows_per_optimizer_step": round(sum(rows_seen[warmup : warmup + steps]) / steps * world, 1),
         "experts": experts,
         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0,
@@ -642,10 +719,13 @@ EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on t
 # ... + "-rN": with the experts at a rank of their own (lora.expert_r), e.g. 120b-mxfp4-16k-gc-experts-r4
 EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instead of FusedRMSNorm (the path before #48)
 PEFT_CAST_SUFFIX = "-peft-cast"  # last: peft's fp32 input cast kept under autocast (the path before #48's second lever)
+# very last on a PACKED name: attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers)
+COMPILED_SUFFIX = "-compiled"
 
 
 def packed_name(name: str) -> tuple[str, bool, int | None]:
     """A PACKED variant's name -> (its PACKED key, expert LoRA or not, lora.expert_r or None)."""
+    name = name.removesuffix(COMPILED_SUFFIX)
     key, experts, rank = name.removesuffix(PEFT_CAST_SUFFIX).removesuffix(EAGER_NORMS_SUFFIX).partition(EXPERTS_SUFFIX)
     return key, bool(experts), int(rank.removeprefix("-r")) if rank else None
 
@@ -696,17 +776,24 @@ def run_packed(name: str, args, device) -> dict:
 
     key, expert_lora, expert_r = packed_name(name)
     size, max_length, budget, checkpointing, warmup = PACKED[key]
+    compiled = name.endswith(COMPILED_SUFFIX)
+    name_ = name.removesuffix(COMPILED_SUFFIX)
     config = gpt_oss_config(args.tiny, size=size)
     targets = EXPERT_PARAMETERS if expert_lora else []
     lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets, expert_r=expert_r)
     if size == "120b":
         lora = LoraSettings(r=16, alpha=32, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                             target_parameters=targets, expert_r=expert_r)  # fmt: skip
-    fused_norms = not name.removesuffix(PEFT_CAST_SUFFIX).endswith(EAGER_NORMS_SUFFIX)
+    fused_norms = not name_.removesuffix(PEFT_CAST_SUFFIX).endswith(EAGER_NORMS_SUFFIX)
     model = add_lora(build_packed_model(config, device, "eager", fused_norms), lora, seed=0)
-    peft_cast = name.endswith(PEFT_CAST_SUFFIX)
+    peft_cast = name_.endswith(PEFT_CAST_SUFFIX)
     if peft_cast:
         _peft_cast_again(model)
+    if compiled:  # what the entrypoint does on GPU with model.experts: mxfp4 (training.compile_layers)
+        from toolkit_train.mxfp4 import compile_packed_layers
+
+        compile_packed_layers(model)
+        warmup += 1  # the first step compiles (as the bf16 path's -compiled variants)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
     with tempfile.TemporaryDirectory() as out:
         row = measure(model, "toolkit", rows, args.steps, warmup, max_length, budget, checkpointing, Path(out),
@@ -719,7 +806,9 @@ def run_packed(name: str, args, device) -> dict:
         "lora": f"r{lora.r} {lora_on}",
         "norms": "fused (compiled)" if fused_norms else "eager (transformers)",
         "lora_input": "peft's fp32 cast" if peft_cast else "as autocast casts it",
+        "compiled": "attention + router per layer" if compiled else "no",
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        **({"dynamo": dynamo_counts()} if torch.cuda.is_available() else {}),
     }
 
 
@@ -821,7 +910,7 @@ def run_all(args) -> None:
     from common import report
 
     table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "lora", "packing", "gc", "max_length",
-                                         "norms", "lora_input",
+                                         "norms", "lora_input", "compiled",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",
                                          "peak_mem_gb", "peak_reserved_gb", "outside_allocator_gb", "gpu_memory_cap_gb",

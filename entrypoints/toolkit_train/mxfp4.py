@@ -276,6 +276,25 @@ def empty_packed_model(config, dtype: torch.dtype, device: str | torch.device, f
     return model
 
 
+def compile_packed_layers(model, **compile_options: Any) -> int:
+    """torch.compile the parts of each decoder layer of a packed model that are not the packed experts: its attention
+    block (the LoRA-wrapped q/k/v/o projections, rotary, flex attention with the sinks) and its router; returns how
+    many layers. The packed experts keep their own path (a custom autograd function that dequantizes per layer and
+    keeps a recomputed forward's weights for the backward, with compiled glue kernels), and so do the RMSNorms (one
+    compiled kernel each) and the residual adds. The layer itself stays eager, so recomputation (transformers'
+    checkpoint around the layer's forward) wraps the compiled parts as it wraps eager ones and replays them in the
+    backward; compiling the whole layer would put that checkpoint, and a graph break at the experts, inside the
+    compiled region. Each part compiles once per layer type (sliding or full attention) and is reused by every
+    layer; fixed-width packed micro-batches keep the shapes static. `compile_options` go to torch.compile (tests:
+    another backend)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = base.model.layers
+    for layer in layers:
+        layer.self_attn.compile(**compile_options)
+        layer.mlp.router.compile(**compile_options)
+    return len(layers)
+
+
 def checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():

@@ -75,6 +75,79 @@ def test_packed_model_has_fused_norms_under_transformers_names():
     assert shapes == {k: (tuple(v.shape), v.dtype) for k, v in eager.state_dict().items()}
 
 
+def _tiny_packed_lora_model():
+    """A 2-layer packed gpt-oss (one sliding, one full attention layer), random MXFP4 experts, LoRA with non-zero B:
+    the same weights on every call."""
+    from transformers import GptOssConfig
+
+    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                          vocab_size=256, sliding_window=8,
+                          layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    config._attn_implementation = "eager"
+    model = mxfp4.empty_packed_model(config, torch.float32, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            random = 0.1 * torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(torch.ones_like(parameter) if "norm" in name else random)
+        for module in model.modules():
+            if isinstance(module, mxfp4.Mxfp4Experts):
+                for projection in mxfp4.PROJECTIONS:
+                    blocks, scales = getattr(module, f"{projection}_blocks"), getattr(module, f"{projection}_scales")
+                    blocks.copy_(torch.randint(0, 256, blocks.shape, generator=generator))
+                    scales.copy_(torch.randint(122, 126, scales.shape, generator=generator))
+    model.config.use_cache = False
+    model = add_lora(model, LoraSettings(dropout=0.0), seed=0)
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter, std=0.05, generator=torch.Generator().manual_seed(7))
+    return model.train()
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_compiled_attention_and_router_keep_the_packed_models_loss_and_gradients(monkeypatch, checkpointing):
+    """training.compile_layers with packed experts (#48): each layer's attention block and router compiled, the packed
+    experts, norms and residuals as they are, recomputation (the non-reentrant checkpoint around each layer) around
+    them. Traced here through dynamo and AOTAutograd's forward/backward split (backend aot_eager: no code
+    generation; the GPU bench's mxfp4 gate checks inductor's kernels): the same loss and LoRA gradients as eager, both
+    parts captured, and the packed experts dequantize as often as eager (the recomputed forward's weights reused)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(1))
+
+    def run(model):
+        calls = []
+        real = mxfp4.dequantize
+        monkeypatch.setattr(mxfp4, "dequantize", lambda *a: calls.append(1) or real(*a))
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        monkeypatch.setattr(mxfp4, "dequantize", real)
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}, len(calls)
+
+    ref_loss, ref_grads, ref_calls = run(_tiny_packed_lora_model())
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    model = _tiny_packed_lora_model()
+    assert mxfp4.compile_packed_layers(model, backend=counter) == 2
+    layer = model.get_base_model().model.layers[0]
+    assert layer.self_attn._compiled_call_impl is not None and layer.mlp.router._compiled_call_impl is not None
+    assert layer._compiled_call_impl is None and layer.mlp.experts._compiled_call_impl is None
+    breaks = sum(counters["graph_break"].values())
+    loss, grads, calls = run(model)
+    # the attention block and the router, each captured whole (the attention twice at most: the first layer's input,
+    # the embeddings, needs no gradient; the others' do), and reused by the other layer
+    assert 2 <= counter.frame_count <= 3 and sum(counters["graph_break"].values()) == breaks
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    assert grads.keys() == ref_grads.keys() and len(grads) == 2 * 4 * 2  # 2 layers x q/k/v/o x (A, B)
+    for name, grad in ref_grads.items():
+        assert float((grads[name] - grad).norm() / grad.norm()) < 1e-5, name
+    assert calls == ref_calls == 8 and not mxfp4._LAST_FORWARD
+
+
 def _loss_logits_grads(settings: ModelSettings, ids: torch.Tensor, checkpointing: bool = False):
     model = add_lora(load_model(settings), LoraSettings(dropout=0.0), seed=0)
     for name, parameter in model.named_parameters():
