@@ -486,6 +486,8 @@ SECTIONS = {
         base=["target=hyperpod"],
         read_as_is={
             "hyperpod.kube_context": "toolkit.targets.hyperpod_eks._clients: every call to the cluster",
+            "hyperpod.cluster": "toolkit.targets.hyperpod_eks.check_cluster: the context checked against the cluster's "
+            "EKS cluster (DescribeCluster) before every call to it, never in what is sent",
             "hyperpod.instance_type": "the GPU memory checks (Config.training_gpu) and `toolkit plan`: the cluster's "
             "type, which Slurm's script names only through its EFA environment",
         },
@@ -503,11 +505,7 @@ SECTIONS = {
 }
 # Let through by the table, yet read by nothing so far where the decider has this value: each with what would use
 # it (asserted silent there, so the entry goes once something reads it).
-OWED = {
-    "hyperpod.cluster": (("hyperpod.orchestrator", "eks"), "the job goes where the kubeconfig's context points; "
-                         "toolkit.targets.hyperpod_eks could check that context against DescribeCluster's "
-                         "Orchestrator.Eks.ClusterArn (as `hyp set-cluster-context` does)"),
-}  # fmt: skip
+OWED: dict[str, tuple[tuple[str, Any], str]] = {}
 
 
 def _leaves(prefix: str) -> set[str]:

@@ -45,6 +45,7 @@ REFUSED = {
     "serving.vllm_args": "{max.model-len: 4096}",  # SM_VLLM_MAX.MODEL_LEN: not an environment variable name
     "serving.repository": "Team_Images",
     "hyperpod.image_repository": "-images",
+    "hyperpod.cluster": "ml_cluster",  # DescribeCluster's ClusterName: letters, digits and hyphens
     "hyperpod.namespace": "Team_A",  # a DNS-1123 label: lowercase
     "hyperpod.fsx.claim": "fsx_claim",  # a DNS-1123 subdomain: no '_'
     "hyperpod.queue": "q" * 64,  # a valid object name, but no label value (63 at most)

@@ -136,6 +136,7 @@ _JOB, _POD = ("kubernetes", "HyperPodPyTorchJob"), "spec.replicaSpecs[].template
 MEMBERS: dict[str, Member] = {
     "aws.role": Member(*_TRAIN, "RoleArn"),
     "training_job.instance_count": Member(*_TRAIN, "ResourceConfig.InstanceCount"),
+    "hyperpod.cluster": Member("sagemaker", "DescribeCluster", "ClusterName"),  # EKS: the context's cluster is checked
     "training_job.volume_size_gb": Member(*_TRAIN, "ResourceConfig.VolumeSizeInGB"),
     "training_job.max_run_seconds": Member(*_TRAIN, "StoppingCondition.MaxRuntimeInSeconds", also=_within_28_days),
     "training_job.max_wait_seconds": Member(*_TRAIN, "StoppingCondition.MaxWaitTimeInSeconds"),
@@ -214,7 +215,6 @@ CHECKED_ELSEWHERE: dict[str, str] = {
     "serving.max_loras": "a vLLM flag in the container environment",
     "serving.local_port": "this machine only",
     "serving.local_python": "this machine only",
-    "hyperpod.cluster": "reaches no request (toolkit.config.applicability: EKS only)",
     "hyperpod.orchestrator": "one of the two (the schema's Literal)",
     "hyperpod.instance_type": "the instance table (toolkit.config.instances): a node selector's label value",
     "hyperpod.nodes": "an integer >= 1 (replicas, --nodes)",

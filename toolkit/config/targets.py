@@ -170,8 +170,11 @@ class HyperPodSettings(TargetSettings, target="hyperpod", section="hyperpod", mo
 
     cluster: str | None = Field(
         None,
-        description="EKS: the HyperPod cluster's name (optional; jobs go to the cluster of your kubeconfig's context: "
-        "hyperpod.kube_context). Slurm submits on the head node: none.",
+        description="EKS: the HyperPod cluster's name (optional). Jobs go to the cluster of your kubeconfig's context "
+        "(hyperpod.kube_context); when set, every submit and `toolkit jobs` call first checks that context against "
+        "the cluster's EKS cluster (SageMaker DescribeCluster: Orchestrator.Eks.ClusterArn, as `hyp "
+        "set-cluster-context` reads it) and stops on another cluster (exit 2); a dry run asks nothing. Slurm submits "
+        "on the head node: none.",
     )
     orchestrator: Literal["eks", "slurm"] = Field("eks", description="How the cluster runs jobs.")
     instance_type: str = Field("ml.p5.48xlarge", description="The cluster's GPU instance type.")

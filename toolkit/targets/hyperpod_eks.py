@@ -3,7 +3,9 @@
 The training code (the staged tree, as one archive: every file arrives) and the job's settings travel in a
 ConfigMap mounted into every pod, so nothing has to
 be copied onto the cluster's filesystem from the submitting machine; the job directory (checkpoints, model)
-is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and the user's kubeconfig.
+is on the FSx for Lustre claim. Submitted with the Kubernetes Python client and the user's kubeconfig; with
+`hyperpod.cluster` set, the kubeconfig's context is first checked to be that HyperPod cluster's EKS cluster
+(`check_cluster`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from toolkit import digest
 from toolkit.aws import UPLOAD_MARKER
 from toolkit.config import Config
 from toolkit.config.instances import instance
+from toolkit.errors import service_text
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, TargetFailed, tail
 from toolkit.targets.hyperpod import job_dir
@@ -239,6 +242,84 @@ def _clients(config: Config):
     return client.CoreV1Api(api), client.CustomObjectsApi(api)
 
 
+class ClusterError(TargetError):
+    """hyperpod.cluster names no EKS-orchestrated HyperPod cluster, or not the one the kubeconfig's context reaches."""
+
+
+def _context_cluster(config: Config) -> tuple[str, str]:
+    """(context, its cluster entry's name): the context the toolkit uses (hyperpod.kube_context, else the current)."""
+    from kubernetes import config as kubeconfig
+
+    try:
+        contexts, current = kubeconfig.list_kube_config_contexts(os.environ.get("KUBECONFIG"))
+        name = config.hyperpod.kube_context or current["name"]
+        (context,) = [c for c in contexts if c["name"] == name]
+        return name, str(context["context"]["cluster"])
+    except Exception as exc:  # _clients read the same file already: only a context without a cluster gets here
+        raise TargetError(f"no usable kubeconfig context ({exc!r}): set hyperpod.kube_context") from None
+
+
+def _eks_cluster_arn(config: Config) -> str:
+    """What `hyp set-cluster-context --cluster-name` reads: SageMaker DescribeCluster's Orchestrator.Eks.ClusterArn."""
+    from botocore.exceptions import ClientError
+
+    from toolkit import aws
+
+    name = config.hyperpod.cluster
+    try:
+        described = aws.client(config.aws, "sagemaker").describe_cluster(ClusterName=name)
+    except ClientError as exc:
+        if not aws.is_missing(exc):
+            raise  # access, throttling: the CLI's error map says which
+        error = exc.response.get("Error", {})
+        raise ClusterError(
+            f"hyperpod.cluster: no HyperPod cluster {name!r} in {config.aws.region} ({error.get('Code')}: "
+            f"{service_text(str(error.get('Message', '')))}): set hyperpod.cluster to a cluster of "
+            "`aws sagemaker list-clusters` (or aws.region to its region), or remove it"
+        ) from None
+    arn = described.get("Orchestrator", {}).get("Eks", {}).get("ClusterArn")
+    if not arn:
+        raise ClusterError(
+            f"hyperpod.cluster: the HyperPod cluster {name!r} is not EKS-orchestrated (Slurm): set "
+            "hyperpod.orchestrator: slurm and remove hyperpod.cluster, or name an EKS-orchestrated cluster"
+        )
+    return str(arn)
+
+
+def _eks_endpoint(config: Config, eks_arn: str) -> str:
+    """The EKS cluster's API server (EKS DescribeCluster), for a kubeconfig whose cluster entry is not named by ARN."""
+    from toolkit import aws
+
+    eks = aws.client(config.aws, "eks")
+    return str(eks.describe_cluster(name=eks_arn.split("/", 1)[-1])["cluster"].get("endpoint") or "")
+
+
+def _same_server(one: str, other: str) -> bool:
+    return bool(one) and one.rstrip("/").lower() == other.rstrip("/").lower()
+
+
+def check_cluster(config: Config, core: Any) -> None:
+    """With hyperpod.cluster set: the kubeconfig context the toolkit uses must reach that HyperPod cluster's EKS
+    cluster (what `hyp set-cluster-context --cluster-name` points kubectl at), before anything is sent to it.
+    `aws eks update-kubeconfig` names the context's cluster entry by the EKS cluster's ARN: compared by ARN. An
+    entry named otherwise (eksctl, by hand) is compared by its server against the EKS cluster's endpoint (EKS
+    DescribeCluster). Not cached: one or two AWS calls per command. `core`: the client _clients made (its host is the
+    entry's server). Dry runs never get here (render sends nothing)."""
+    if not config.hyperpod.cluster:
+        return
+    context, entry = _context_cluster(config)
+    eks_arn = _eks_cluster_arn(config)
+    server = str(core.api_client.configuration.host)
+    by_arn = entry.startswith("arn:")
+    if not (entry == eks_arn if by_arn else _same_server(_eks_endpoint(config, eks_arn), server)):
+        eks_name, region = eks_arn.split("/", 1)[-1], eks_arn.split(":")[3]
+        raise ClusterError(
+            f"hyperpod.cluster: {config.hyperpod.cluster} runs on EKS cluster {eks_arn}, but kubeconfig context "
+            f"{context} points at cluster {entry} ({server}): run `aws eks update-kubeconfig --name {eks_name} "
+            f"--region {region}`, or set hyperpod.kube_context to a context of that cluster"
+        )
+
+
 @dataclass
 class EksJob(Job):
     name: str
@@ -421,6 +502,8 @@ class EksOrchestrator(Target):
         """The run's job object, when the cluster still holds it and it completed (pods cannot be read from here)."""
         try:
             state = self.attach(config, config.name).status()
+        except ClusterError:
+            raise  # the config names another cluster than the context's: not "no run here"
         except TargetError:
             return None
         return state if state.status is Status.COMPLETED else None
@@ -436,6 +519,7 @@ class EksOrchestrator(Target):
 
         core, custom = _clients(config)
         config_map, job = manifests(config, fresh_token=uuid.uuid4().hex[:12] if fresh else None)
+        check_cluster(config, core)  # after the local checks, before anything reaches the cluster
         namespace = config.hyperpod.namespace
         try:
             try:
@@ -456,7 +540,8 @@ class EksOrchestrator(Target):
         from kubernetes.client.exceptions import ApiException
 
         job = EksJob(job_name, config)
-        _, custom = _clients(config)
+        core, custom = _clients(config)
+        check_cluster(config, core)  # status, logs, stop and the export all start here (`toolkit jobs ...`)
         group, version, plural = job._kind()
         try:
             custom.get_namespaced_custom_object(group, version, config.hyperpod.namespace, plural, job_name)

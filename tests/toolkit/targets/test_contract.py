@@ -48,10 +48,9 @@ def test_every_class_implements_the_whole_contract(cls):
 
 
 def _hyperpod(orchestrator: str, *overrides: str):
-    cluster = ["hyperpod.cluster=test"] if orchestrator == "eks" else []  # Slurm submits on its head node: none
     return load_config(
         "tiny-gpt-oss-local",
-        ["target=hyperpod", *cluster, f"hyperpod.orchestrator={orchestrator}", "hyperpod.nodes=2",
+        ["target=hyperpod", f"hyperpod.orchestrator={orchestrator}", "hyperpod.nodes=2",
          "hyperpod.gpus_per_node=0", "hyperpod.image=acct.dkr.ecr.us-east-1.amazonaws.com/train:1", *overrides],
     )  # fmt: skip
 

@@ -5,7 +5,10 @@
   Kubeflow training SDK's OpenAPI-generated models (tests/openapi_check.py);
 - submission, status, logs and stop run the toolkit's real Kubernetes client code over HTTP against an
   in-process API emulator (kmock, tests/k8s_emulator.py) that answers 404 for a CRD that is not installed,
-  409 for a duplicate and 422 for a schema failure.
+  409 for a duplicate and 422 for a schema failure;
+- `hyperpod.cluster` (the kubeconfig's context checked against the HyperPod cluster's EKS cluster) against moto
+  server's SageMaker DescribeCluster, whose clusters carry no Orchestrator (moto 5.2): the tests add it to the
+  cluster record in moto's backend (same process), as test_training_job.py steers job states there.
 Not covered: the HyperPod and Kubeflow operators themselves (nothing here runs pods), Kueue, admission webhooks.
 """
 
@@ -36,8 +39,8 @@ PYTORCH_JOBS = "kubeflow.org/v1/pytorchjobs"
 def config(*overrides):
     return load_config(
         "gpt-oss-120b-lora",
-        ["target=hyperpod", "hyperpod.cluster=ml-cluster", "hyperpod.nodes=2", "hyperpod.image=acct.dkr.ecr/img:1",
-         "hyperpod.queue=team-a", *overrides],
+        ["target=hyperpod", "hyperpod.nodes=2", "hyperpod.image=acct.dkr.ecr/img:1", "hyperpod.queue=team-a",
+         *overrides],
     )  # fmt: skip
 
 
@@ -67,6 +70,8 @@ def test_kubeflow_pytorch_job_splits_master_and_workers():
 
 
 def test_dry_run_prints_yaml_and_needs_an_image():
+    """With a hyperpod.cluster that nothing could describe (no credentials, no AWS host reachable): a dry run asks
+    nothing of AWS."""
     result = CliRunner().invoke(
         app, ["train", "gpt-oss-120b-lora", "--target", "hyperpod", "--dry-run", "--set", "hyperpod.cluster=c",
               "--set", "hyperpod.image=img:1"],
@@ -432,3 +437,129 @@ def test_the_launcher_is_the_pods_pid_1_so_a_stop_reaches_the_ranks(tmp_path):
             launcher.communicate()
     assert "SIGTERM" in report.read_text(), output[-2000:]
     assert (fsx / "toolkit" / "gpt-oss-120b-lora" / "input" / "config" / "hyperparameters.json").is_file()
+
+
+# -- hyperpod.cluster: the context must reach the HyperPod cluster's EKS cluster --------------------------------
+
+EKS_ARN = "arn:aws:eks:us-east-1:123456789012:cluster/ml-eks"
+
+
+def _hyperpod_cluster(name: str, eks_arn: str | None) -> None:
+    """A HyperPod cluster in moto: created through its API; the orchestrator (moto keeps none) added to its record."""
+    import boto3
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.sagemaker.models import Cluster, sagemaker_backends
+
+    boto3.client("sagemaker", region_name="us-east-1").create_cluster(ClusterName=name, InstanceGroups=[{
+        "InstanceGroupName": "workers", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 1,
+        "ExecutionRole": "arn:aws:iam::123456789012:role/hyperpod", "ThreadsPerCore": 1,
+        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lifecycle/", "OnCreate": "on_create.sh"}}])  # fmt: skip
+    record = sagemaker_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].clusters[name]
+    orchestrator = {"Orchestrator": {"Eks": {"ClusterArn": eks_arn}}} if eks_arn else {}
+    record.describe = lambda: {**Cluster.describe(record), **orchestrator}  # type: ignore[method-assign]
+
+
+def _entry_named(kubeconfig: Path, cluster_name: str) -> None:
+    """Name the kubeconfig's cluster entry as `aws eks update-kubeconfig` does: by the EKS cluster's ARN."""
+    written = json.loads(kubeconfig.read_text())
+    written["clusters"][0]["name"] = written["contexts"][0]["context"]["cluster"] = cluster_name
+    kubeconfig.write_text(json.dumps(written))
+
+
+@pytest.fixture
+def described(cluster, aws_env, monkeypatch):
+    """The emulated account with HyperPod cluster ml-cluster on EKS_ARN (and a Slurm one); every AWS request the
+    toolkit makes, as sent."""
+    import toolkit.aws
+
+    _hyperpod_cluster("ml-cluster", EKS_ARN)
+    _hyperpod_cluster("slurm-cluster", None)
+    sent: list[tuple[str, str, dict]] = []
+    real_session = toolkit.aws.session
+
+    def spying_session(settings):
+        made = real_session(settings)
+        made.events.register("provide-client-params", lambda params, model, **_: sent.append(
+            (model.service_model.service_name, model.name, dict(params))))  # fmt: skip
+        return made
+
+    monkeypatch.setattr(toolkit.aws, "session", spying_session)
+    return sent
+
+
+def _train(*sets: str, dry_run: bool = False):
+    args = ["train", "gpt-oss-120b-lora", "--target", "hyperpod", "--set", "hyperpod.image=acct.dkr.ecr/img:1",
+            "--set", "aws.region=us-east-1", *(["--dry-run"] if dry_run else [])]  # fmt: skip
+    for setting in sets:
+        args += ["--set", setting]
+    return CliRunner().invoke(app, args)
+
+
+def test_a_context_on_the_clusters_eks_cluster_submits(cluster, described):
+    """The context's cluster entry is the EKS cluster DescribeCluster names (by ARN, as update-kubeconfig writes
+    it): submitted, then attached to; each request one AWS accepts (botocore's model, patterns included)."""
+    from tests.botocore_model import assert_valid
+
+    _entry_named(Path(os.environ["KUBECONFIG"]), EKS_ARN)
+    cfg = config("hyperpod.cluster=ml-cluster", "aws.region=us-east-1")
+    ORCHESTRATOR.submit(cfg)
+    assert set(cluster.objects(HYPERPOD_JOBS)) == {"gpt-oss-120b-lora"}
+    assert ORCHESTRATOR.attach(cfg, "gpt-oss-120b-lora").status().status is Status.PENDING
+    assert [(service, operation) for service, operation, _ in described] == [("sagemaker", "DescribeCluster")] * 2
+    for service, operation, params in described:
+        assert params == {"ClusterName": "ml-cluster"}
+        assert_valid(service, operation, params)
+
+
+def test_a_context_on_another_cluster_exits_2_and_submits_nothing(cluster, described):
+    other = "arn:aws:eks:us-east-1:123456789012:cluster/other-eks"
+    _entry_named(Path(os.environ["KUBECONFIG"]), other)
+    result = _train("hyperpod.cluster=ml-cluster", "hyperpod.kube_context=hyperpod-ctx")
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line == (
+        f"error: hyperpod.cluster: ml-cluster runs on EKS cluster {EKS_ARN}, but kubeconfig context hyperpod-ctx "
+        f"points at cluster {other} ({cluster.url}): run `aws eks update-kubeconfig --name ml-eks --region "
+        "us-east-1`, or set hyperpod.kube_context to a context of that cluster"
+    )
+    assert cluster.objects(HYPERPOD_JOBS) == {} and cluster.objects("v1/configmaps") == {}
+    dry = _train("hyperpod.cluster=ml-cluster", "hyperpod.kube_context=hyperpod-ctx", dry_run=True)
+    assert dry.exit_code == 0, dry.output  # the same config, dry: rendered, nothing asked of AWS
+    with pytest.raises(TargetError, match="^hyperpod.cluster: ml-cluster runs on EKS cluster"):
+        ORCHESTRATOR.attach(config("hyperpod.cluster=ml-cluster"), "gpt-oss-120b-lora")  # jobs status/logs/stop
+    assert [operation for _, operation, _ in described] == ["DescribeCluster"] * 2
+
+
+def test_a_cluster_entry_not_named_by_arn_is_compared_by_its_server(cluster, described):
+    """An entry named otherwise (eksctl's `NAME.REGION.eksctl.io`, or by hand: the emulator's "emulator") is the
+    EKS cluster when its server is the EKS cluster's endpoint (EKS DescribeCluster)."""
+    import boto3
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.eks.models import eks_backends
+
+    boto3.client("eks", region_name="us-east-1").create_cluster(
+        name="ml-eks", roleArn="arn:aws:iam::123456789012:role/eks", resourcesVpcConfig={"subnetIds": ["subnet-1"]}
+    )
+    cfg = config("hyperpod.cluster=ml-cluster", "aws.region=us-east-1")
+    with pytest.raises(TargetError, match=r"points at cluster emulator \(http://"):
+        ORCHESTRATOR.submit(cfg)  # moto's endpoint is not the emulator's server
+    assert cluster.objects(HYPERPOD_JOBS) == {}
+    eks_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].clusters["ml-eks"].endpoint = cluster.url
+    ORCHESTRATOR.submit(cfg)
+    assert set(cluster.objects(HYPERPOD_JOBS)) == {"gpt-oss-120b-lora"}
+    assert ("eks", "DescribeCluster", {"name": "ml-eks"}) in described
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("no-such-cluster", "error: hyperpod.cluster: no HyperPod cluster 'no-such-cluster' in us-east-1 "
+                         "(ValidationException: "),
+     ("slurm-cluster", "error: hyperpod.cluster: the HyperPod cluster 'slurm-cluster' is not EKS-orchestrated")],
+)  # fmt: skip
+def test_a_cluster_that_is_not_there_or_not_on_eks_exits_2(cluster, described, name, says):
+    _entry_named(Path(os.environ["KUBECONFIG"]), EKS_ARN)
+    result = _train(f"hyperpod.cluster={name}")
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(says), line
+    assert cluster.objects(HYPERPOD_JOBS) == {} and cluster.objects("v1/configmaps") == {}
