@@ -30,7 +30,7 @@ ENTRYPOINT = REPO / "entrypoints" / "toolkit_train" / "train.py"
 sys.path.insert(0, str(REPO / "entrypoints"))
 sys.path.insert(0, str(REPO))
 EVERY_RANK_ENV = "TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS"  # = train.FSDP_EVERY_RANK_LOADS_ENV
-HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # = train.HOST_PEAK_PREFIX (train.py is not imported here)
+HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # = callbacks.HOST_PEAK_PREFIX (train.py is not imported here)
 SHAPE = {  # gpt-oss's layout; ~305 M parameters (~0.61 GB in bf16): 2/3 in the experts, most of the rest the vocabulary
     "hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 64, "num_local_experts": 64, "num_experts_per_tok": 2,

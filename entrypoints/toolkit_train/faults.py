@@ -1,12 +1,17 @@
-"""Tests only (tests/toolkit/targets/test_faults.py, tests/toolkit_train/test_prepared.py): SIGKILL at a named
-moment, to prove that what a kill leaves behind is complete or ignored. `TOOLKIT_FAULT_POINT` is unset in every job."""
+"""Tests only: every switch that makes a run misbehave on purpose, in one module, each unset in every job.
+
+SIGKILL at a named moment (tests/toolkit/targets/test_faults.py, tests/toolkit_train/test_prepared.py), to prove that
+what a kill leaves behind is complete or ignored; a slow save; a zero gradient; a log of the trained batches; every
+FSDP rank loading the whole model."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 FAULT_POINT_ENV = "TOOLKIT_FAULT_POINT"
 # Set by the local target for the processes of a run: their process group is the run's own, led by its output relay
@@ -16,6 +21,13 @@ RUN_GROUP_ENV = "TOOLKIT_RUN_OWNS_GROUP"
 # Tests only (tests/toolkit_train/test_trained.py): the trainable parameters whose names match this regex get a zero
 # gradient, as when a kernel's backward does not reach an adapter; the run must fail naming their group.
 NO_GRADIENT_ENV = "TOOLKIT_TEST_NO_GRADIENT"
+SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # a checkpoint save that takes this much longer
+# (tests/toolkit_train/test_eval_split.py): append every training micro-batch's input_ids to this JSON Lines file,
+# to prove that held-out rows never reach training.
+BATCH_LOG_ENV = "TOOLKIT_TEST_BATCH_LOG"
+# Tests and bench (tests/toolkit_train/test_fsdp_load.py, bench/fsdp_load_memory.py): every FSDP rank reads the whole
+# base model, as before rank-0 loading (the path they compare against).
+FSDP_EVERY_RANK_LOADS_ENV = "TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS"
 
 
 def fault_point(moment: str) -> None:
@@ -53,3 +65,23 @@ def starve_for_test(model) -> None:
     for name, parameter in model.named_parameters():
         if parameter.requires_grad and re.search(pattern, name):
             parameter.register_hook(lambda grad: grad * 0)
+
+
+def with_fault_points(trainer_class: Any) -> Any:
+    class FaultInjected(trainer_class):
+        def _save_rng_state(self, *args, **kwargs):  # mid-save: model and optimizer written, trainer state not yet
+            fault_point(f"checkpoint-save-{self.state.global_step}")
+            return super()._save_rng_state(*args, **kwargs)
+
+    return FaultInjected
+
+
+def with_batch_log(trainer_class: Any, log_file: Path) -> Any:
+    class BatchLogged(trainer_class):
+        def training_step(self, model, inputs, *args, **kwargs):  # training batches only, never evaluation ones
+            with log_file.open("a") as out:
+                for row in inputs["input_ids"].tolist():
+                    out.write(json.dumps(row) + "\n")
+            return super().training_step(model, inputs, *args, **kwargs)
+
+    return BatchLogged

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 import traceback
@@ -35,29 +34,28 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __import__(__package__)
 
 from . import checkpoints, trained
-from .faults import FAULT_POINT_ENV, fault_point, starve_for_test
+from .faults import (
+    BATCH_LOG_ENV,
+    FAULT_POINT_ENV,
+    FSDP_EVERY_RANK_LOADS_ENV,
+    fault_point,
+    starve_for_test,
+    with_batch_log,
+    with_fault_points,
+)
 from .layout import DEFAULT_ML_ROOT, ML_ROOT_ENV, RUN_RECORD, RunTree, write_json_atomically
-from .metrics import format_metrics
+from .ranks import barrier, log, rank
 from .settings import (
     AWS_REGION_ENV,
     FAILED_PREFIX,
     HF_TOKEN_SECRET_ENV,
-    STOP_WINDOW_SECONDS,
     TORCHRUN_SHUTDOWN_ENV,
     TrainSettings,
     failure_elsewhere,
     from_hyperparameters,
 )
 
-HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # every rank's, when training begins (callbacks: HostMemory)
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
-SLOW_SAVE_ENV = "TOOLKIT_TEST_SLOW_SAVE_SECONDS"  # tests only: a checkpoint save that takes this much longer
-# Tests only (tests/entrypoints/test_eval_split.py): append every training micro-batch's input_ids to this JSON
-# Lines file, to prove that held-out rows never reach training. Unset in every job.
-BATCH_LOG_ENV = "TOOLKIT_TEST_BATCH_LOG"
-# Tests and bench only (tests/toolkit_train/test_fsdp_load.py, bench/fsdp_load_memory.py): every FSDP rank reads the
-# whole base model, as before rank-0 loading (the path they compare against). Unset in every job.
-FSDP_EVERY_RANK_LOADS_ENV = "TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS"
 
 
 @dataclass(frozen=True)
@@ -89,30 +87,6 @@ class Paths:
         return RunTree(self.root).failure
 
 
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
-def with_fault_points(trainer_class: Any) -> Any:
-    class FaultInjected(trainer_class):
-        def _save_rng_state(self, *args, **kwargs):  # mid-save: model and optimizer written, trainer state not yet
-            fault_point(f"checkpoint-save-{self.state.global_step}")
-            return super()._save_rng_state(*args, **kwargs)
-
-    return FaultInjected
-
-
-def with_batch_log(trainer_class: Any, log_file: Path) -> Any:
-    class BatchLogged(trainer_class):
-        def training_step(self, model, inputs, *args, **kwargs):  # training batches only, never evaluation ones
-            with log_file.open("a") as out:
-                for row in inputs["input_ids"].tolist():
-                    out.write(json.dumps(row) + "\n")
-            return super().training_step(model, inputs, *args, **kwargs)
-
-    return BatchLogged
-
-
 def with_fsdp_on_cpu(trainer_class: Any) -> Any:
     """accelerate 1.15 turns FSDP on only for accelerator devices: on CPU its state stays MULTI_CPU, drops the FSDP
     plugin and wraps the model in DDP, so `training.distributed: fsdp` silently trained as DDP on a CPU run (the
@@ -140,11 +114,6 @@ def with_fsdp_on_cpu(trainer_class: Any) -> Any:
             return prepared
 
     return FsdpOnCpu
-
-
-def log(message: str) -> None:
-    if rank() == 0:
-        print(f"[toolkit] {message}", flush=True)
 
 
 def read_settings(paths: Paths) -> TrainSettings:
@@ -303,126 +272,6 @@ def sft_config(settings: TrainSettings, paths: Paths):
         dataloader_drop_last=False,
         **extra,
     )
-
-
-def callbacks(settings: TrainSettings):
-    import torch
-    from transformers import TrainerCallback
-
-    class Metrics(TrainerCallback):
-        """One parseable line per log: the regexes in toolkit's metric definitions read these."""
-
-        def __init__(self) -> None:
-            self.last = (time.monotonic(), 0)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if state.is_world_process_zero and logs and "eval_loss" in logs:
-                print(format_metrics(state.global_step, state.max_steps, {"eval_loss": logs["eval_loss"]}), flush=True)
-            if not state.is_world_process_zero or not logs or "loss" not in logs:
-                return
-            now, tokens = time.monotonic(), state.num_input_tokens_seen
-            rate = (tokens - self.last[1]) / max(now - self.last[0], 1e-9)
-            self.last = (now, tokens)
-            memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
-            values = {
-                "loss": logs["loss"],
-                "learning_rate": logs.get("learning_rate", 0),
-                "grad_norm": logs.get("grad_norm", 0),
-                "tokens_per_second": rate,
-                "gpu_memory_gib": memory,
-            }
-            print(format_metrics(state.global_step, state.max_steps, values), flush=True)
-
-    class SaveOnSigterm(TrainerCallback):
-        """SIGTERM (spot interruption, scancel, pod eviction): finish the step, checkpoint, stop."""
-
-        def __init__(self) -> None:
-            self.requested = False
-            signal.signal(signal.SIGTERM, self._request)
-
-        def _request(self, signum, frame) -> None:
-            self.requested = True
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self._anyone_requested():
-                self.requested = True
-                control.should_save = True
-                control.should_training_stop = True
-
-        def _anyone_requested(self) -> bool:
-            """Ranks see the signal at different steps; agree, or one saves while another trains on."""
-            import torch.distributed as dist
-
-            if not (dist.is_available() and dist.is_initialized()):
-                return self.requested
-            flag = torch.tensor([int(self.requested)], device="cuda" if torch.cuda.is_available() else "cpu")
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return bool(flag.item())
-
-    class Sealed(TrainerCallback):
-        """After each save: seal the checkpoint (it counts from now on), then apply the retention limit."""
-
-        def __init__(self, keep: int) -> None:
-            self.keep = keep
-            self.save_started = time.monotonic()
-
-        def on_step_end(self, args, state, control, **kwargs):  # callbacks run in order: after SaveOnSigterm's
-            if control.should_save:
-                self.save_started = time.monotonic()
-
-        def on_save(self, args, state, control, **kwargs):
-            barrier()  # every rank's files (its RNG state, its shards) are written
-            fault_point(f"before-seal-{state.global_step}")
-            if state.is_world_process_zero:
-                time.sleep(float(os.environ.get(SLOW_SAVE_ENV, 0)))
-                saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-                checkpoints.seal(saved)
-                size = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file()) / 1e6
-                seconds = time.monotonic() - self.save_started
-                log(f"{saved.name}: {size:.0f} MB saved and sealed in {seconds:.1f} s (the stop window is "
-                    f"{STOP_WINDOW_SECONDS} s)")  # fmt: skip
-                for old in checkpoints.prune(Path(args.output_dir), self.keep):
-                    log(f"removed {old.name} (training.save_total_limit)")
-            barrier()
-
-    class FaultPoints(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            fault_point(f"step-{state.global_step + 1}")  # killed while that step runs
-
-    class HostMemory(TrainerCallback):
-        """Each rank's host memory peak once the model is loaded, sharded and resumed (the model reaches every rank
-        before training begins): what decides whether a node's RAM holds the load (train.loads_from_rank0)."""
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            import resource
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-            world = os.environ.get("WORLD_SIZE", "1")
-            print(f"{HOST_PEAK_PREFIX}{peak:.3f} GiB (rank {rank()} of {world}, model loaded and prepared)", flush=True)
-
-    class WhatTrained(TrainerCallback):
-        """trained.Measure over the run: started once the model is prepared, fed before each optimizer step."""
-
-        def __init__(self) -> None:
-            self.measure: trained.Measure | None = None
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.measure = trained.Measure(model, sharded=settings.training.distributed == "fsdp")
-            self.measure.first_step = state.global_step  # a resumed run measures from its checkpoint
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            if self.measure is not None:
-                self.measure.gradient()
-
-    hooks = [Metrics(), SaveOnSigterm(), Sealed(settings.training.save_total_limit), HostMemory(), WhatTrained()]
-    return [*hooks, FaultPoints()] if os.environ.get(FAULT_POINT_ENV) else hooks
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def report_to_mlflow(settings: TrainSettings, paths: Paths):
@@ -623,6 +472,8 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if compiled:
         log(f"compiling {compiled} decoder layers (torch.compile; the first steps are slower)")
     starve_for_test(model)
+    from .callbacks import SaveOnSigterm, callbacks
+
     hooks = callbacks(settings)
     if settings.training.mlflow is not None:
         hooks.append(report_to_mlflow(settings, paths))
@@ -663,7 +514,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     peak_gb = peak_gpu_memory_gb()
     if peak_gb is not None:
         log(f"peak GPU memory: {peak_gb} GB (rank {rank()})")
-    if hooks[1].requested:
+    if any(isinstance(hook, SaveOnSigterm) and hook.requested for hook in hooks):
         log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
         if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
             paths.failure.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from toolkit_train.train import BATCH_LOG_ENV
+from toolkit_train.faults import BATCH_LOG_ENV
 
 from tests.runs import held_out_rows, sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out
