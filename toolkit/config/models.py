@@ -163,7 +163,9 @@ class GateSettings(StrictModel):
         0.0, ge=-1, le=1, description="Fine-tuned minus baseline on `metric` must be at least this (metrics are 0..1)."
     )
     require_ci: bool = Field(
-        False, description="Also the lower bound of the difference's 95% bootstrap interval must reach min_margin."
+        False,
+        description="Also the lower bound of the difference's 95% bootstrap interval must lie above min_margin "
+        "(an interval that reaches it does not rule out no gain).",
     )
     min_format_valid: float | None = Field(
         None, ge=0, le=1,

@@ -82,8 +82,10 @@ def judge(gate: GateSettings | None, report: dict[str, Any] | None) -> Verdict:
         interval = metric.get("ci95")
         low = interval[0] if interval else None
         shown = "none (fewer than two rows)" if low is None else f"{low:+.3f}"
-        checks.append((low is not None and low >= margin, f"95% CI lower bound {shown} "
-                       f"{_vs(low is not None and low >= margin)} {margin:+.3f}"))  # fmt: skip
+        # strictly above: an interval that reaches the margin (e.g. [+0.000, +0.000], nothing changed) does not rule
+        # out that the fine-tune did no better than it
+        above = low is not None and low > margin
+        checks.append((above, f"95% CI lower bound {shown} {'>' if above else '<='} {margin:+.3f}"))
     if gate.min_format_valid is not None:
         scored = report.get("rows", {}).get(tuned, [])
         valid = sum(1 for row in scored if row.get(FORMAT_VALID) == 1)  # a row that failed to generate: not valid

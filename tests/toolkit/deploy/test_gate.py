@@ -238,7 +238,9 @@ def test_the_gate_judges_the_interval_and_the_format_floor_over_every_row(tmp_pa
     report = json.loads(evaluated(cfg, model, tuned=mixed, base=[WRONG[0], REFERENCES[1], WRONG[2]]).read_text())
     verdict = judge(cfg.registry.gate, report)
     assert report["metrics"]["chrF"]["difference"] > 0 and report["metrics"]["chrF"]["ci95"][0] < 0
-    assert verdict.status == "Rejected" and "95% CI lower bound -" in verdict.reason and "< +0.000" in verdict.reason
+    assert verdict.status == "Rejected" and "95% CI lower bound -" in verdict.reason and "<= +0.000" in verdict.reason
+    same = judge(cfg.registry.gate, json.loads(evaluated(cfg, model, tuned=WRONG, base=WRONG).read_text()))
+    assert same.status == "Rejected" and "lower bound +0.000 <= +0.000" in same.reason  # no gain: [0, 0] is no proof
     floor = load_config("tiny-gpt-oss-local", ["registry.gate={metric: rougeL, min_margin: -1, min_format_valid: 0.9}"])
     report = json.loads(evaluated(floor, model, tuned=REFERENCES, base=WRONG, failed=1).read_text())
     verdict = judge(floor.registry.gate, report)  # a row that failed to generate counts as not well-formed
