@@ -23,12 +23,11 @@ from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.deploy import DeployInputError, vllm_environment
 from toolkit.deploy.endpoint import model_data_fields
-from toolkit.errors import Failed
 from toolkit.evaluate import eval_dir
 from toolkit.evaluate.gate import APPROVED, Verdict, check_scored, judge, key_numbers, load_report
 from toolkit.evaluate.report import REPORT_FILE
 from toolkit.limits import customer_metadata
-from toolkit.targets.base import RunToRegister, TargetError, get_target
+from toolkit.targets.base import RunToRegister, TargetError, get_target, reraised_as
 
 APPROVAL_DESCRIPTION_CHARS = 1024  # UpdateModelPackage's ApprovalDescription (botocore's service model)
 
@@ -52,12 +51,8 @@ class NothingToRegister(DeployInputError, TargetError):
 
 def _run_to_register(config: Config, job_name: str | None) -> RunToRegister:
     """The config's own target finds the run (a training job, a HyperPod run, ...); the registry names none."""
-    try:
+    with reraised_as(NothingToRegister):
         return get_target(config.target).run_to_register(config, job_name)
-    except TargetError as exc:
-        if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
-            raise
-        raise NothingToRegister(str(exc)) from None
 
 
 def _existing(sagemaker: Any, group: str, run: RunToRegister) -> dict | None:

@@ -405,15 +405,10 @@ def model_data(config: Config, explicit: str | None = None, dry_run: bool = Fals
         if not chosen.startswith("s3://"):
             raise DeployInputError(f"model data {chosen!r} is not an s3:// URI (serving.model_data or --model-data)")
         return chosen
-    from toolkit.errors import Failed
-    from toolkit.targets.base import get_target
+    from toolkit.targets.base import get_target, reraised_as
 
-    try:
+    with reraised_as(NothingToServe):
         return get_target(config.target).servable_model(config, dry_run)
-    except TargetError as exc:
-        if isinstance(exc, Failed):  # an export that ran and failed keeps its kind (exit 1)
-            raise
-        raise NothingToServe(str(exc)) from None
 
 
 class UnapprovedModel(DeployInputError):

@@ -309,6 +309,18 @@ class TargetError(BadInput):
     """The target cannot run this job (exit 2); the message says why and what to do."""
 
 
+@contextlib.contextmanager
+def reraised_as(kind: Callable[[str], Exception]) -> Iterator[None]:
+    """A target's error as the caller's own kind of bad input (exit 2); a failed operation keeps its kind (exit 1:
+    e.g. an export that ran and failed)."""
+    try:
+        yield
+    except TargetError as exc:
+        if isinstance(exc, Failed):
+            raise
+        raise kind(str(exc)) from None
+
+
 class TargetFailed(Failed, TargetError):
     """An operation on a job that the target had accepted failed (exit 1; still a TargetError)."""
 
