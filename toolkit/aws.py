@@ -248,6 +248,18 @@ def download_tree(s3: Any, uri: str, destination: Path) -> Path:
     return destination
 
 
+def download_whole(s3: Any, uri: str, destination: Path) -> Path:
+    """download_tree into a sibling directory renamed to `destination` once every object is there: `destination`
+    is whole or absent, whenever the process dies (a partial sibling is removed by the next download)."""
+    import shutil
+
+    partial = destination.with_name(f".{destination.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    download_tree(s3, uri, partial)
+    partial.rename(destination)
+    return destination
+
+
 def model_artifacts(description: dict) -> dict[str, str]:
     """Where the job's /opt/ml/model went: uncompressed under <S3OutputPath>/<job>/output/model/ (AWS's layout for
     CompressionType NONE; an S3 prefix the endpoint serves as is), or a model.tar.gz from older jobs."""

@@ -469,7 +469,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both.
 
-    `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate).
+    `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate). The
+    fine-tuned model: `model_dir`, else the newest completed run of the config's target, fetched by the target
+    when it is elsewhere (a training job's model from S3, once, into runs/<name>/models/<job>/).
     `target="endpoint"`: through SageMaker: the baseline is what the config's endpoint serves now, the candidate
     what `candidate_endpoint` serves. Writes runs/<name>/eval/ (report.json, report.md, metrics.png, loss.png) and
     returns the report with `written` (those paths). `tasks` ("a,b" or a list, local only): lm-evaluation-harness
@@ -498,6 +500,9 @@ def evaluate(
 
     cfg = _as_config(config, overrides)
     run = None
+    scored_run = None  # the remote run whose model this evaluation fetched
+    if target == "local" and model_dir is None and not get_target(cfg.target).model_is_here:
+        scored_run, model_dir = _fetched_run(cfg, on_status)
     if target == "local":  # the trained run's own held-out rows (its run.json), whatever this command's flags say
         with contextlib.suppress(DeployInputError):  # no trained model: said below, after what data.eval needs
             run_file = trained_dir(cfg, model_dir) / RUN_RECORD
@@ -521,10 +526,26 @@ def evaluate(
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     clear(eval_dir(cfg))
     results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
-    report = build(results, scored_model=scored_model(cfg, directory))
+    report = build(results, scored_model=scored_model(cfg, directory, scored_run))
     _judge_by_gate(cfg, report)
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}
+
+
+def _fetched_run(cfg: Config, on_status: Callable[[str], None] | None) -> tuple[str, Path]:
+    """The newest completed run of a config trained elsewhere (a training job, a cluster) and its model on this
+    machine, fetched once by its target: (the run's name, the directory)."""
+    from toolkit.evaluate import EvalInputError
+
+    training = get_target(cfg.target)
+    newest = training.latest(cfg)
+    if newest is None:
+        raise EvalInputError(f"no completed {cfg.target} run of {cfg.name} found: train it with `toolkit train "
+                             f"{cfg.name} --target {cfg.target}` first, or pass --model-dir")  # fmt: skip
+    directory = training.fetch(cfg, newest)
+    if on_status:
+        on_status(f"evaluating {cfg.target} run {newest.name} (its model: {directory})")
+    return newest.name, directory
 
 
 def _judge_by_gate(cfg: Config, report: dict[str, Any]) -> None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import pytest
 from typer.testing import CliRunner
 
 from tests.runs import MAIN_JOB_OVERRIDES, held_out_rows
+from tests.toolkit.deploy.test_endpoint import completed_training_job
+from toolkit import digest
+from toolkit.aws import upload_tree
 from toolkit.cli import app
 from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
@@ -17,16 +21,21 @@ from toolkit.evaluate.scoring import METRIC_NAMES, format_problems, runaway
 pytestmark = pytest.mark.integration
 
 
-def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_path, monkeypatch):
-    """On the main job's run (trained with a quarter of the sample held out), as the demo evaluates it, but with a
-    held-out fraction other than training's on the command line: the rows scored are the run's own held-out rows
+def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, aws_env, tmp_path, monkeypatch):
+    """On the main job's run (trained with a quarter of the sample held out) as a training job leaves it: its model
+    on S3 (moto), the config's target training-job. `toolkit eval` fetches it itself (no manual download), and with
+    a held-out fraction other than training's on the command line, the rows scored are the run's own held-out rows
     (its run.json), and the command says so (it used to score other rows, some of them trained on, without a
-    word)."""
+    word). The local run (the model where training left it) is the demo's evaluation, which CI runs first."""
     _, trained_model = main_job_run
     monkeypatch.chdir(tmp_path)
+    job = "tiny-gpt-oss-local-20261201120000"
+    model_data = completed_training_job(aws_env, job)
+    bucket, _, prefix = model_data[len("s3://") :].partition("/")
+    upload_tree(boto3.client("s3"), trained_model, bucket, prefix)
     drifted = [o if not o.startswith("data.eval.fraction=") else "data.eval.fraction=0.5" for o in MAIN_JOB_OVERRIDES]
     assert drifted != list(MAIN_JOB_OVERRIDES)
-    overrides = [f"local.output_dir={trained_model.parent}", *drifted]
+    overrides = ["target=training-job", f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}", *drifted]
     args = ["eval", "tiny-gpt-oss-local", *[a for o in overrides for a in ("--set", o)], "--max-tokens", "64"]
     result = CliRunner().invoke(app, [*args, "--json", "--concurrency", "3"])
     assert result.exit_code == 0, result.output[-3000:]
@@ -50,6 +59,11 @@ def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(main_job_run, tmp_
     # the base and the fine-tuned model answered differently: two models were really served
     answers = {label: [r["answer"] for r in m["samples"]] for label, m in report["models"].items()}
     assert answers["base"] != answers["fine-tuned"]
+    # the report names the run it scored: the job by name, and its run.json's bytes by digest
+    fetched = tmp_path / "runs" / "tiny-gpt-oss-local" / "models" / job
+    assert f"evaluating training-job run {job}" in result.output
+    assert report["scored_model"]["training_job"] == job and report["scored_model"]["model"] == str(fetched.resolve())
+    assert report["scored_model"]["run_digest"] == digest.of_files(trained_model / "run.json")
 
 
 def test_an_evaluation_that_fails_leaves_no_earlier_report_as_if_current(main_job_run, tmp_path, monkeypatch):

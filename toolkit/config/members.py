@@ -308,9 +308,12 @@ HYPERPARAMETERS = Member(*_TRAIN, "HyperParameters")
 
 
 def hyperparameter_problem(config: Config) -> str | None:
-    """What CreateTrainingJob would refuse in the hyperparameters a training job of this config carries."""
+    """What CreateTrainingJob would refuse in the hyperparameters a training job of this config carries (None
+    where botocore, whose service model says it, is not installed)."""
     from toolkit_train.settings import to_hyperparameters
 
+    if importlib.util.find_spec("botocore") is None:
+        return None
     sent = to_hyperparameters(config.train_settings())
     shape = member_shape(HYPERPARAMETERS)
     if len(sent) > shape.metadata.get("max", len(sent)):
@@ -336,8 +339,6 @@ def _received(member: Member, config: Config, botocore: bool) -> bool:
 def refuse_what_aws_refuses(config: Config) -> None:
     """ValueError naming the first set value its request member refuses."""
     botocore = importlib.util.find_spec("botocore") is not None
-    if botocore and config.target == "training-job" and (problem := hyperparameter_problem(config)):
-        raise ValueError(problem)
     for path, member in MEMBERS.items():
         value = value_at(config, path)
         if value is None or value == default_at(path, type(config)) or value in ([], {}):  # unset, or nothing sent

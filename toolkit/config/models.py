@@ -11,7 +11,7 @@ from toolkit_train.settings import StrictModel, TrainSettings
 from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
 from toolkit.config.members import refuse_what_aws_refuses
-from toolkit.config.names import bucket_name_problem, bucket_of, region_problem
+from toolkit.config.names import bucket_name_problem, bucket_of, in_ecr_repository, region_problem
 from toolkit.config.targets import TARGET_SETTINGS, HyperPodSettings, LocalSettings, TargetSettings, TrainingJobSettings
 from toolkit.errors import brief
 
@@ -24,17 +24,6 @@ IMMUTABLE_IMAGE_FIELDS = [
     ("training_job.image_uri", "hyperpod.image_repository", "training"),
     ("serving.image_uri", "serving.repository", "serving"),
 ]
-
-
-def in_ecr_repository(image: str | None, repository: str | None) -> bool:
-    """Whether `image` (registry/repository[:tag|@digest]) is in the ECR repository named `repository`."""
-    if not image:
-        return False
-    path = image.split("@", 1)[0]
-    if ":" in path.rsplit("/", 1)[-1]:
-        path = path.rpartition(":")[0]
-    host, _, name = path.partition("/")
-    return ".dkr.ecr." in host and name == repository
 
 
 class AutoscalingSettings(StrictModel):
@@ -291,16 +280,6 @@ class Config(TrainSettings):
         installs nothing at start."""
         return in_ecr_repository(self.training_job.image_uri, self.hyperpod.image_repository)
 
-    @model_validator(mode="after")
-    def _vpc_job_installs_nothing(self) -> Config:
-        if self.target == "training-job" and self.training_job.subnets and not self.runs_the_built_training_image():
-            raise ValueError(
-                "training_job.subnets: a job in your VPC would pip-install the training stack from PyPI at start, "
-                "which fails without a NAT route: set training_job.image_uri to the URI `toolkit image build "
-                "training` prints (the stack is in it; the job installs nothing)"
-            )
-        return self
-
     def _field(self, dotted: str) -> str | None:
         section, name = dotted.split(".")
         return getattr(getattr(self, section), name)
@@ -311,15 +290,6 @@ class Config(TrainSettings):
             problem = bucket_name_problem(bucket_of(uri)) if uri and uri.startswith("s3://") else None
             if problem:
                 raise ValueError(f"{field}: the bucket of {brief(uri)}: {problem}")
-        source = self.data.source
-        if self.target != "training-job" or not source.startswith("s3://") or not self.aws.bucket:
-            return self
-        bucket = bucket_of(source)
-        if bucket != self.aws.bucket and bucket not in self.aws.data_buckets:
-            raise ValueError(
-                f"data.source is in bucket {brief(bucket)}, which the execution role cannot read: add it to "
-                f"aws.data_buckets and grant it with `toolkit infra deploy --data-bucket {bucket}`"
-            )
         return self
 
     @model_validator(mode="after")

@@ -161,3 +161,14 @@ def sagemaker_name_problem(name: str, kind: str) -> str | None:
         f"{brief(name)} is not a SageMaker {kind} name (at most {limit} letters, digits and '-', starting and "
         "ending with a letter or digit)"
     )
+
+
+def in_ecr_repository(image: str | None, repository: str | None) -> bool:
+    """Whether `image` (registry/repository[:tag|@digest]) is in the ECR repository named `repository`."""
+    if not image:
+        return False
+    path = image.split("@", 1)[0]
+    if ":" in path.rsplit("/", 1)[-1]:
+        path = path.rpartition(":")[0]
+    host, _, name = path.partition("/")
+    return ".dkr.ecr." in host and name == repository

@@ -15,7 +15,8 @@ from pydantic import Field, field_validator, model_validator
 from toolkit_train.settings import StrictModel
 
 from toolkit.config.instances import instance
-from toolkit.config.names import k8s_name_problem
+from toolkit.config.members import hyperparameter_problem
+from toolkit.config.names import bucket_of, k8s_name_problem
 from toolkit.errors import brief
 
 if TYPE_CHECKING:
@@ -143,7 +144,25 @@ class TrainingJobSettings(
                 "an fsx:// data.source is mounted over the file system's VPC: set training_job.subnets and "
                 "training_job.security_group_ids"
             )
-        return None
+        if self.subnets and not config.runs_the_built_training_image():
+            return (
+                "training_job.subnets: a job in your VPC would pip-install the training stack from PyPI at start, "
+                "which fails without a NAT route: set training_job.image_uri to the URI `toolkit image build "
+                "training` prints (the stack is in it; the job installs nothing)"
+            )
+        return self._unreadable_data(config) or hyperparameter_problem(config)
+
+    @staticmethod
+    def _unreadable_data(config: Config) -> str | None:
+        """An s3:// data.source outside the buckets the execution role reads (aws.bucket, aws.data_buckets)."""
+        source = config.data.source
+        if not source.startswith("s3://") or not config.aws.bucket:
+            return None
+        bucket = bucket_of(source)
+        if bucket == config.aws.bucket or bucket in config.aws.data_buckets:
+            return None
+        return (f"data.source is in bucket {brief(bucket)}, which the execution role cannot read: add it to "
+                f"aws.data_buckets and grant it with `toolkit infra deploy --data-bucket {bucket}`")  # fmt: skip
 
 
 class FsxSettings(StrictModel):

@@ -206,6 +206,23 @@ class Target(ABC):
         model = self.servable_model(config)
         return RunToRegister(newest.name, model, ("model_data", model), f"{self.name} run {newest.name}")
 
+    def fetch(self, config: Config, run: JobState) -> Path:
+        """The run's model directory on this machine (adapter/, merged/, run.json), for `toolkit eval`: where the
+        run left it when this machine sees that (a local run, a cluster's shared filesystem mounted here), else its
+        servable model downloaded once from S3 into runs/<name>/models/<run>/ (whole or not there: a download
+        that dies leaves only a partial directory the next fetch replaces)."""
+        from toolkit import aws
+        from toolkit.config.targets import run_home
+
+        here = [Path(where).parent for kind, where in run.artifacts.items() if kind != "model" and Path(where).is_dir()]
+        if here:
+            return here[0]
+        destination = run_home(config.name) / "models" / run.name
+        if destination.is_dir():
+            return destination
+        model = run.artifacts.get("model") or self.servable_model(config)
+        return aws.download_whole(aws.client(config.aws, "s3"), model, destination)
+
     # What plan, preflight and serving ask of a target instead of its name. The defaults are a target that rents
     # no instances (their GPUs are this machine's): no size to price, no quota to check, its model is elsewhere.
     offers_spot = False  # managed spot can run its jobs: plan shows the spot range

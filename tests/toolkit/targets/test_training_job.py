@@ -450,3 +450,30 @@ def test_a_second_submit_while_a_job_of_the_config_runs_refuses_unless_fresh(aws
 def cfg_overrides(aws_env) -> list[str]:
     return [f"aws.role={aws_env['role']}", f"aws.bucket={aws_env['bucket']}", f"data.source={DATA}",
             "data.format=messages"]  # fmt: skip
+
+
+def test_a_jobs_model_is_fetched_whole_once_for_evaluation(aws_env):
+    """`toolkit eval` on a training job's run: the target brings its model from S3 into runs/<name>/models/<job>/
+    once; a download that died left only a partial directory, which neither counts nor stays."""
+    from tests.toolkit.deploy.test_endpoint import completed_training_job
+
+    cfg = config(aws_env)
+    job = "gpt-oss-20b-lora-20261201120000"
+    model_data = completed_training_job(aws_env, job)
+    bucket, _, prefix = model_data[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    for key in ("run.json", "adapter/adapter_config.json", "merged/config.json"):
+        s3.put_object(Bucket=bucket, Key=prefix + key, Body=b"{}")
+    destination = Path("runs/gpt-oss-20b-lora/models") / job
+    partial = destination.with_name(f".{job}.partial")
+    (partial / "merged").mkdir(parents=True)
+    (partial / "merged" / "stale.bin").write_text("from a download that died")
+
+    newest = TARGET.latest(cfg)
+    assert newest is not None and newest.name == job
+    fetched = TARGET.fetch(cfg, newest)
+    assert fetched == destination and not partial.exists()
+    assert sorted(p.relative_to(fetched).as_posix() for p in fetched.rglob("*") if p.is_file()) == [
+        "adapter/adapter_config.json", "merged/config.json", "run.json"]  # fmt: skip
+    s3.delete_object(Bucket=bucket, Key=prefix + "run.json")  # a second fetch reads nothing from S3
+    assert TARGET.fetch(cfg, newest) == destination and (destination / "run.json").is_file()
