@@ -5,7 +5,7 @@ a few hundred MB of bf16 weights), then trains one step through the real entrypo
 `torchrun --nproc-per-node N` (gloo, CPU) three ways, in the same run:
   - every rank reads the checkpoint: the entrypoint as it was (its tests-only switch
     TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS);
-  - rank 0 reads it and the others build the model on the meta device (the entrypoint now: train.loads_from_rank0);
+  - rank 0 reads it and the others build the model on the meta device (the entrypoint now: trainer.loads_from_rank0);
   - transformers' own switch alone (FSDP_CPU_RAM_EFFICIENT_LOADING with ACCELERATE_USE_FSDP and an initialized
     process group, what accelerate/TRL set): every rank calls from_pretrained, nothing else (no training).
 While the ranks run, this process reads each rank's /proc/<pid>/status (VmHWM: the peak resident set, monotonic)

@@ -321,22 +321,16 @@ def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool
 
 
 def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, out: Path):
+    """The entrypoint's trainer (toolkit_train.trainer.build_trainer: packing, collator, trainer class), with a
+    clock, token counters and the memory probe around its steps."""
     import datasets
-    from toolkit_train.packing import collate, packed_dataset, packed_trainer_class
-    from toolkit_train.train import Paths, sft_config
+    from toolkit_train.layout import Paths
+    from toolkit_train.trainer import build_trainer, sft_config
     from transformers import TrainerCallback
-    from trl import SFTTrainer
 
     paths = Paths(root=out, model_dir=out / "model", checkpoints=out / "ckpt", train_channel=out, output_data=out)
     args = sft_config(settings, paths)
     args.max_steps, args.report_to, args.save_strategy = steps, [], "no"
-    dataset = datasets.Dataset.from_list(rows)
-    base, extra = SFTTrainer, {}
-    if settings.training.packing:
-        budget = settings.training.tokens_per_micro_batch
-        dataset = packed_dataset(dataset, budget, seed=0)
-        base = packed_trainer_class()
-        extra = {"data_collator": lambda f: collate(f, pad_to=budget)}
     if settings.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -351,13 +345,16 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
                 torch.cuda.synchronize()
             stamps.append(time.perf_counter())
 
-    class Counting(base):  # type: ignore[misc, valid-type]
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            real = inputs["document_ids"] >= 0 if "document_ids" in inputs else inputs["input_ids"] >= 0
-            tokens.append(int(real.sum()))
-            ids = inputs.get("document_ids")
-            rows_seen.append(len(set(ids[ids >= 0].tolist())) if ids is not None else len(inputs["input_ids"]))
-            return super().training_step(model, inputs, num_items_in_batch)
+    def counting(base: type) -> type:
+        class Counting(base):  # type: ignore[misc, valid-type]
+            def training_step(self, model, inputs, num_items_in_batch=None):
+                real = inputs["document_ids"] >= 0 if "document_ids" in inputs else inputs["input_ids"] >= 0
+                tokens.append(int(real.sum()))
+                ids = inputs.get("document_ids")
+                rows_seen.append(len(set(ids[ids >= 0].tolist())) if ids is not None else len(inputs["input_ids"]))
+                return super().training_step(model, inputs, num_items_in_batch)
+
+        return Counting
 
     class MemoryAtPeak(TrainerCallback):
         before = 0
@@ -373,9 +370,9 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
     import memory_peak
 
     callbacks = [Clock(), *([MemoryAtPeak()] if MEMORY_AT_PEAK is not None else [])]
-    trainer = Counting(
-        model=model, args=args, train_dataset=dataset, callbacks=callbacks, processing_class=tokenizer(), **extra
-    )
+    dataset = datasets.Dataset.from_list(rows)
+    trainer = build_trainer(settings, paths, model, tokenizer(), dataset, callbacks=callbacks, args=args,
+                            subclass=counting)  # fmt: skip
     return trainer, stamps, tokens, rows_seen
 
 

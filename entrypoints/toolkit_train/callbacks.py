@@ -106,7 +106,7 @@ class FaultPoints(TrainerCallback):
 
 class HostMemory(TrainerCallback):
     """Each rank's host memory peak once the model is loaded, sharded and resumed (the model reaches every rank
-    before training begins): what decides whether a node's RAM holds the load (train.loads_from_rank0)."""
+    before training begins): what decides whether a node's RAM holds the load (trainer.loads_from_rank0)."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         import resource

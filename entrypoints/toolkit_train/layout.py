@@ -12,6 +12,7 @@ from pathlib import Path
 ML_ROOT_ENV = "TOOLKIT_ML_ROOT"  # where a run's tree is, outside a SageMaker training job
 DEFAULT_ML_ROOT = Path("/opt/ml")  # SageMaker's
 RUN_RECORD = "run.json"  # the run's record, written last in its model directory: present = the run completed
+HYPERPARAMETERS = "hyperparameters.json"  # the run's settings (flattened TrainSettings), under input/config/
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,24 @@ class RunTree:
 
     @property
     def hyperparameters(self) -> Path:
-        return self.root / "input" / "config" / "hyperparameters.json"
+        return self.root / "input" / "config" / HYPERPARAMETERS
+
+    def channel(self, name: str) -> Path:
+        """A data channel's directory (SageMaker's /opt/ml/input/data/<channel>)."""
+        return self.root / "input" / "data" / name
+
+    @property
+    def train_channel(self) -> Path:
+        return self.channel("train")
+
+    @property
+    def eval_channel(self) -> Path:
+        return self.channel("eval")
+
+    @property
+    def outputs(self) -> tuple[Path, ...]:
+        """What a run writes (checkpoints, model, output): what `--fresh` clears."""
+        return self.checkpoints, self.model, self.output
 
     @property
     def output(self) -> Path:
@@ -44,12 +62,49 @@ class RunTree:
         return self.output / "failure"
 
     @property
+    def train_log(self) -> Path:
+        """The run's log where a target keeps one beside the run (local)."""
+        return self.output / "train.log"
+
+    @property
     def stopped(self) -> Path:
         """Written once a stop's checkpoint is saved."""
         return self.output / "stopped"
 
     def completed(self) -> bool:
         return self.run_record.exists()
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where this process reads and writes its run: the run tree, each part overridable by the environment
+    (SageMaker's SM_* variables; a target's TOOLKIT_CHECKPOINT_DIR)."""
+
+    root: Path
+    model_dir: Path
+    checkpoints: Path
+    train_channel: Path
+    output_data: Path
+
+    @classmethod
+    def from_env(cls) -> Paths:
+        env = os.environ
+        tree = RunTree(Path(env.get(ML_ROOT_ENV, DEFAULT_ML_ROOT)))
+        return cls(
+            root=tree.root,
+            model_dir=Path(env.get("SM_MODEL_DIR", tree.model)),
+            checkpoints=Path(env.get("TOOLKIT_CHECKPOINT_DIR", tree.checkpoints)),
+            train_channel=Path(env.get("SM_CHANNEL_TRAIN", tree.train_channel)),
+            output_data=Path(env.get("SM_OUTPUT_DATA_DIR", tree.output / "data")),
+        )
+
+    @property
+    def hyperparameters(self) -> Path:
+        return RunTree(self.root).hyperparameters
+
+    @property
+    def failure(self) -> Path:
+        return RunTree(self.root).failure
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:

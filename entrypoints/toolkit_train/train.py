@@ -22,8 +22,6 @@ import shutil
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +32,8 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __import__(__package__)
 
 from . import checkpoints, trained
-from .faults import (
-    BATCH_LOG_ENV,
-    FAULT_POINT_ENV,
-    FSDP_EVERY_RANK_LOADS_ENV,
-    fault_point,
-    starve_for_test,
-    with_batch_log,
-    with_fault_points,
-)
-from .layout import DEFAULT_ML_ROOT, ML_ROOT_ENV, RUN_RECORD, RunTree, write_json_atomically
+from .faults import fault_point
+from .layout import RUN_RECORD, Paths, RunTree, write_json_atomically
 from .ranks import barrier, log, rank
 from .settings import (
     AWS_REGION_ENV,
@@ -54,66 +44,9 @@ from .settings import (
     failure_elsewhere,
     from_hyperparameters,
 )
+from .trainer import build_trainer, load_for_training, report_to_mlflow
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
-
-
-@dataclass(frozen=True)
-class Paths:
-    root: Path
-    model_dir: Path
-    checkpoints: Path
-    train_channel: Path
-    output_data: Path
-
-    @classmethod
-    def from_env(cls) -> Paths:
-        env = os.environ
-        root = Path(env.get(ML_ROOT_ENV, DEFAULT_ML_ROOT))
-        return cls(
-            root=root,
-            model_dir=Path(env.get("SM_MODEL_DIR", root / "model")),
-            checkpoints=Path(env.get("TOOLKIT_CHECKPOINT_DIR", root / "checkpoints")),
-            train_channel=Path(env.get("SM_CHANNEL_TRAIN", root / "input" / "data" / "train")),
-            output_data=Path(env.get("SM_OUTPUT_DATA_DIR", root / "output" / "data")),
-        )
-
-    @property
-    def hyperparameters(self) -> Path:
-        return RunTree(self.root).hyperparameters
-
-    @property
-    def failure(self) -> Path:
-        return RunTree(self.root).failure
-
-
-def with_fsdp_on_cpu(trainer_class: Any) -> Any:
-    """accelerate 1.15 turns FSDP on only for accelerator devices: on CPU its state stays MULTI_CPU, drops the FSDP
-    plugin and wraps the model in DDP, so `training.distributed: fsdp` silently trained as DDP on a CPU run (the
-    tests). FSDP2 itself shards and trains on CPU over gloo: here the accelerator's state is switched to FSDP with
-    the plugin the Trainer built from the config, as accelerate's own state does on a GPU, before anything is
-    prepared (in PartialState's shared state too: every later AcceleratorState() copies its distributed_type).
-    Once prepared, on every device, the optimizer is checked to hold each trainable parameter's shard."""
-
-    class FsdpOnCpu(trainer_class):
-        def create_accelerator_and_postprocess(self) -> None:
-            from accelerate import PartialState
-            from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
-            super().create_accelerator_and_postprocess()
-            state = self.accelerator.state
-            if state.distributed_type == DistributedType.MULTI_CPU and self.args.fsdp_plugin_args is not None:
-                PartialState().distributed_type = DistributedType.FSDP
-                state.distributed_type = DistributedType.FSDP
-                state.fsdp_plugin = FullyShardedDataParallelPlugin(**self.args.fsdp_plugin_args)
-                self.is_fsdp_enabled = True
-
-        def _prepare_for_training(self, *args: Any, **kwargs: Any) -> Any:
-            prepared = super()._prepare_for_training(*args, **kwargs)
-            check_optimizer_covers_trainable(self.model, self.optimizer)
-            return prepared
-
-    return FsdpOnCpu
 
 
 def read_settings(paths: Paths) -> TrainSettings:
@@ -139,7 +72,7 @@ def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
     split = settings.data.eval
     if split is None or split.source is None:
         return None
-    channel = Path(os.environ.get("SM_CHANNEL_EVAL", paths.root / "input" / "data" / "eval"))
+    channel = Path(os.environ.get("SM_CHANNEL_EVAL", RunTree(paths.root).eval_channel))
     return str(channel) if channel.exists() else split.source
 
 
@@ -168,160 +101,6 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     eval_stats = eval_report.summary()
     log(f"held out for validation: {eval_stats['rows_out']} rows, {eval_stats['tokens']} tokens (never trained on)")
     return dataset, stats, eval_dataset, eval_stats
-
-
-def loads_from_rank0(settings: TrainSettings) -> bool:
-    """FSDP: rank 0 alone reads the base model; every other rank builds it on the meta device (model.empty_model,
-    no weight file read, no host memory for the weights) and receives its shards from rank 0 when accelerate
-    prepares the model (`cpu_ram_efficient_loading`: FSDP2's fsdp2_load_full_state_dict broadcasts rank 0's
-    tensors over the world group into each rank's shards; FSDP1's `sync_module_states` did the same). gpt-oss-120b
-    with bf16 experts is ~218 GiB on the host: read by every rank it was 8x that on one p5 node, now 1x on the
-    first node and none on the others (what another node's rank read would be thrown away: the broadcast's source
-    is the global rank 0). transformers' own switch for this (FSDP_CPU_RAM_EFFICIENT_LOADING, is_fsdp_enabled())
-    is not enough in 5.24: from_pretrained still reads and materializes every checkpoint tensor on every rank
-    (modeling_utils._load_pretrained_model has no FSDP branch); it only stops non-zero local ranks from
-    initializing what they will receive."""
-    return settings.training.distributed == "fsdp" and not os.environ.get(FSDP_EVERY_RANK_LOADS_ENV)
-
-
-def use_checkpointing(settings: TrainSettings) -> bool:
-    """`auto`, measured on gpt-oss-20b at 8k-token micro-batches: 92 GB without recomputation, 60 GB with."""
-    import torch
-
-    wanted = settings.training.gradient_checkpointing
-    if wanted != "auto":
-        return bool(wanted)
-    if not torch.cuda.is_available():
-        return False
-    if settings.training.distributed == "fsdp":
-        return True
-    return torch.cuda.get_device_properties(0).total_memory < 100 * 2**30
-
-
-def use_compiled_layers(settings: TrainSettings) -> bool:
-    """`auto`: only where the bench's gate compares compiled against reference gradients (bench/train_throughput.py):
-    a GPU, ddp, packed fixed-width micro-batches, no recomputation, LoRA on modules (not on the experts), experts
-    in bf16."""
-    import torch
-
-    wanted = settings.training.compile_layers
-    if wanted != "auto":
-        return bool(wanted)
-    t = settings.training
-    gated = not settings.lora.target_parameters and settings.model.experts == "bf16" and t.distributed == "ddp"
-    return torch.cuda.is_available() and gated and t.packing and not use_checkpointing(settings)
-
-
-def sft_config(settings: TrainSettings, paths: Paths):
-    import torch
-    from trl import SFTConfig
-
-    from .model import compute_dtype
-
-    t = settings.training
-    on_gpu = torch.cuda.is_available()
-    bf16 = on_gpu and compute_dtype(settings.model) == torch.bfloat16
-    extra: dict = {}
-    if t.lr_scheduler == "cosine_with_min_lr":
-        extra["lr_scheduler_kwargs"] = {"min_lr_rate": t.min_lr_rate}
-    if t.distributed == "fsdp":
-        extra["fsdp"] = f"{t.fsdp_sharding} auto_wrap"
-        extra["fsdp_config"] = {
-            "transformer_layer_cls_to_wrap": [layer] if (layer := settings.model.family.decoder_layer) else None,
-            "use_orig_params": True,
-            "activation_checkpointing": use_checkpointing(settings),
-            "state_dict_type": "SHARDED_STATE_DICT",
-            "cpu_ram_efficient_loading": loads_from_rank0(settings),  # ranks other than 0 hold a meta model
-        }
-    if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
-        extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
-    split = settings.data.eval
-    if split is not None and split.steps:  # and always once at the end (train())
-        extra.update(eval_strategy="steps", eval_steps=split.steps)
-    if split is not None:  # step 0: the base model's validation loss (LoRA starts as the identity), for toolkit eval
-        extra.update(eval_on_start=True)
-    return SFTConfig(
-        output_dir=str(paths.checkpoints),
-        per_device_train_batch_size=1 if t.packing else t.per_device_batch_size,
-        per_device_eval_batch_size=1 if t.packing else t.per_device_batch_size,
-        prediction_loss_only=True,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
-        learning_rate=t.learning_rate,
-        num_train_epochs=t.num_epochs,
-        max_steps=t.max_steps or -1,
-        lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_ratio,  # transformers 5: a value below 1 is a ratio of the total steps
-        weight_decay=t.weight_decay,
-        adam_beta2=t.adam_beta2,
-        max_grad_norm=t.max_grad_norm,
-        gradient_checkpointing=use_checkpointing(settings) and t.distributed != "fsdp",
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-        seed=t.seed,
-        data_seed=t.seed,
-        save_strategy="steps" if t.save_steps else "no",
-        save_steps=t.save_steps or 500,
-        save_total_limit=None,  # retention counts complete checkpoints only: Sealed.on_save (checkpoints.prune)
-        logging_steps=t.logging_steps,
-        report_to=list(t.report_to) or "none",
-        bf16=bf16,
-        use_cpu=not on_gpu,
-        max_length=settings.data.max_length,
-        ddp_find_unused_parameters=False,
-        include_num_input_tokens_seen="non_padding",
-        disable_tqdm=True,
-        dataloader_drop_last=False,
-        **extra,
-    )
-
-
-def report_to_mlflow(settings: TrainSettings, paths: Paths):
-    """Point transformers' MLflow callback (it reads these variables) at the configured server; a resumed job
-    (spot restart, a rerun without --fresh) continues the same MLflow run, whose id is kept with the checkpoints."""
-    import importlib.util
-
-    from transformers import TrainerCallback
-
-    tracking = settings.training.mlflow
-    assert tracking is not None
-    if importlib.util.find_spec("mlflow") is None:
-        raise RuntimeError(
-            "training.report_to lists mlflow but mlflow is not installed in this environment: "
-            "pip install -r entrypoints/toolkit_train/requirements-mlflow.txt (jobs install it themselves)"
-        )
-    os.environ["MLFLOW_TRACKING_URI"] = tracking.tracking_uri
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = tracking.experiment
-    run_id_file, where = (
-        paths.checkpoints / "mlflow-run-id",
-        f"experiment {tracking.experiment!r} at {tracking.tracking_uri}",
-    )
-    if run_id_file.exists():
-        os.environ["MLFLOW_RUN_ID"] = run_id_file.read_text().strip()
-
-    class KeepRunId(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):  # after MLflowCallback started the run
-            import mlflow
-
-            active = mlflow.active_run()
-            if state.is_world_process_zero and active is not None:
-                run_id_file.parent.mkdir(parents=True, exist_ok=True)
-                run_id_file.write_text(active.info.run_id)
-                log(f"MLflow run {active.info.run_id} in {where}")
-
-    return KeepRunId()
-
-
-def batch_semantics(settings: TrainSettings, rows: int, micro_batches: int) -> str:
-    """Packing changes how many rows one optimizer step averages over: say so, next to what the unpacked
-    recipe would do, so that a learning rate or step count taken from it can be rescaled knowingly."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    accumulation = settings.training.gradient_accumulation_steps
-    packed = rows / max(micro_batches, 1) * accumulation * world
-    unpacked = settings.training.per_device_batch_size * accumulation * world
-    return (
-        f"an optimizer step averages ~{packed:.0f} rows ({accumulation} packed micro-batch(es) x {world} rank(s)); "
-        f"unpacked (training.packing: false, the recipes) it would average {unpacked}, with {packed / unpacked:.1f}x "
-        f"as many steps per epoch; loss on: {settings.data.loss_on} tokens"
-    )
 
 
 def resume_point(paths: Paths) -> Path | None:
@@ -433,17 +212,8 @@ KEEP_UNTIL_EXIT: list = []
 
 
 def train(settings: TrainSettings, paths: Paths) -> int:
-    from transformers.trainer_callback import PrinterCallback
-    from trl import SFTTrainer
-
-    from .model import (
-        add_lora,
-        attention_implementation,
-        compile_decoder_layers,
-        give_trainable_storage,
-        load_model,
-        load_tokenizer,
-    )
+    from .callbacks import callbacks
+    from .model import load_tokenizer
 
     started = time.monotonic()
     if already_completed(settings, paths):
@@ -457,54 +227,9 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     if finished_training(settings, resume):
         assert resume is not None
         return finish_from_checkpoint(settings, paths, resume, data_stats)
-    from_rank0 = loads_from_rank0(settings)
-    reads = rank() == 0 or not from_rank0
-    model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
-    if not reads:
-        give_trainable_storage(model)
-    if from_rank0:
-        log("FSDP: rank 0 read the base model; the other ranks built it on the meta device and receive their shards "
-            "from rank 0")  # fmt: skip
-    fault_point("model-loaded")
-    if rank() == 0:
-        model.print_trainable_parameters()
-    compiled = compile_decoder_layers(model) if use_compiled_layers(settings) else 0
-    if compiled:
-        log(f"compiling {compiled} decoder layers (torch.compile; the first steps are slower)")
-    starve_for_test(model)
-    from .callbacks import SaveOnSigterm, callbacks
-
-    hooks = callbacks(settings)
-    if settings.training.mlflow is not None:
-        hooks.append(report_to_mlflow(settings, paths))
-    trainer_class, extra = SFTTrainer, dict[str, Any]()
-    if settings.training.packing:
-        from .packing import collate, packed_dataset, packed_trainer_class
-
-        budget = settings.micro_batch_tokens()
-        dataset = packed_dataset(dataset, budget, settings.training.seed)
-        if eval_dataset is not None:
-            eval_dataset = packed_dataset(eval_dataset, budget, settings.training.seed)
-        log(f"packed {data_stats['rows_out']} rows into {len(dataset)} micro-batches of <= {budget} tokens")
-        log(batch_semantics(settings, data_stats["rows_out"], len(dataset)))
-        fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
-        trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
-    if settings.training.distributed == "fsdp":
-        trainer_class = with_fsdp_on_cpu(trainer_class)
-    if os.environ.get(FAULT_POINT_ENV):
-        trainer_class = with_fault_points(trainer_class)
-    if os.environ.get(BATCH_LOG_ENV):
-        trainer_class = with_batch_log(trainer_class, Path(os.environ[BATCH_LOG_ENV]))
-    trainer = trainer_class(
-        model=model,
-        args=sft_config(settings, paths),
-        train_dataset=dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        callbacks=hooks,
-        **extra,
-    )
-    trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
+    model, compiled, from_rank0 = load_for_training(settings)
+    hooks = callbacks(settings) + ([report_to_mlflow(settings, paths)] if settings.training.mlflow else [])
+    trainer = build_trainer(settings, paths, model, tokenizer, dataset, eval_dataset, hooks)
     if from_rank0:
         check_same_model(model)
     KEEP_UNTIL_EXIT.append(trainer)
@@ -514,27 +239,14 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     peak_gb = peak_gpu_memory_gb()
     if peak_gb is not None:
         log(f"peak GPU memory: {peak_gb} GB (rank {rank()})")
-    if any(isinstance(hook, SaveOnSigterm) and hook.requested for hook in hooks):
-        log(f"stopped by SIGTERM at step {trainer.state.global_step}; checkpoint saved, rerun to resume")
-        if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
-            paths.failure.parent.mkdir(parents=True, exist_ok=True)
-            RunTree(paths.root).stopped.write_text(f"stopped at step {trainer.state.global_step}\n")
-        leave_process_group()
-        return EXIT_INTERRUPTED
+    if stop_requested(hooks):
+        return stopped_here(paths, trainer.state.global_step)
     if settings.training.distributed == "ddp":
         check_ranks_agree(model)
     what_trained = check_what_trained(settings, paths, hooks, model, compiled)  # every rank; before anything is saved
     final_eval = trainer.evaluate() if eval_dataset is not None else {}  # every rank takes part
-    adapter_dir = paths.model_dir / "adapter"
-    if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
-        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-    unfinished = partial_dir(adapter_dir) if rank() == 0 else adapter_dir
-    trainer.save_model(str(unfinished))  # writes on rank 0 only
-    leave_process_group()
-    if rank() != 0:
-        return 0
-    tokenizer.save_pretrained(unfinished)
-    publish(unfinished, adapter_dir)
+    if not save_adapter(trainer, tokenizer, paths.model_dir / "adapter"):
+        return 0  # ranks other than 0: rank 0 writes the rest
     summary = {
         "settings": settings.model_dump(mode="json"),
         "data": data_stats,
@@ -548,6 +260,37 @@ def train(settings: TrainSettings, paths: Paths) -> int:
     }
     del trainer, model
     return write_outputs(settings, paths, tokenizer, summary)
+
+
+def stop_requested(hooks: list) -> bool:
+    """SIGTERM arrived during training (callbacks.SaveOnSigterm saved a checkpoint and ended it)."""
+    from .callbacks import SaveOnSigterm
+
+    return any(isinstance(hook, SaveOnSigterm) and hook.requested for hook in hooks)
+
+
+def stopped_here(paths: Paths, step: int) -> int:
+    log(f"stopped by SIGTERM at step {step}; checkpoint saved, rerun to resume")
+    if rank() == 0:  # what a later `toolkit jobs status` reads (the exit code is gone by then)
+        paths.failure.parent.mkdir(parents=True, exist_ok=True)
+        RunTree(paths.root).stopped.write_text(f"stopped at step {step}\n")
+    leave_process_group()
+    return EXIT_INTERRUPTED
+
+
+def save_adapter(trainer, tokenizer, adapter_dir: Path) -> bool:
+    """The trained adapter (with the tokenizer), published whole under adapter_dir by rank 0 once every rank has
+    left the process group; True on rank 0 (which goes on to merge and record the run)."""
+    if trainer.is_fsdp_enabled:  # checkpoints stay sharded (fast); the adapter is gathered whole for rank 0
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    unfinished = partial_dir(adapter_dir) if rank() == 0 else adapter_dir
+    trainer.save_model(str(unfinished))  # writes on rank 0 only
+    leave_process_group()
+    if rank() != 0:
+        return False
+    tokenizer.save_pretrained(unfinished)
+    publish(unfinished, adapter_dir)
+    return True
 
 
 class NothingTrained(RuntimeError):
@@ -596,19 +339,6 @@ def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def check_optimizer_covers_trainable(model, optimizer) -> None:
-    """After FSDP wrapped the model, the optimizer must hold each trainable parameter once: accelerate re-points an
-    optimizer built before sharding at the shards, and a mapping that collapses (meta tensors share one data_ptr:
-    model.give_trainable_storage) would leave LoRA shards that never step, silently."""
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    trainable = {id(p) for p in model.parameters() if p.requires_grad}
-    if held != trainable:
-        raise RuntimeError(
-            f"rank {rank()}: the optimizer holds {len(held & trainable)} of the {len(trainable)} trainable parameters "
-            f"after FSDP wrapped the model ({len(held - trainable)} others): their shards would not be trained"
-        )
 
 
 def check_same_model(model) -> None:

@@ -227,17 +227,18 @@ def _built_from(config: Config) -> dict:
     """What the trainer is built from: SFTConfig's arguments (captured, not constructed: 80 ms each) and the
     decisions taken beside it."""
     import trl
-    from toolkit_train import train
+    from toolkit_train import trainer
+    from toolkit_train.layout import Paths
 
     settings = config.train_settings()
     captured: dict = {}
     with mock.patch.object(trl, "SFTConfig", lambda **kwargs: captured.update(kwargs) or captured):
-        train.sft_config(settings, train.Paths(*[Path("/nonexistent")] * 5))
+        trainer.sft_config(settings, Paths(*[Path("/nonexistent")] * 5))
     return {
         "sft": captured,
-        "checkpointing": train.use_checkpointing(settings),
-        "compiled": train.use_compiled_layers(settings),
-        "rank0_loads": train.loads_from_rank0(settings),
+        "checkpointing": trainer.use_checkpointing(settings),
+        "compiled": trainer.use_compiled_layers(settings),
+        "rank0_loads": trainer.loads_from_rank0(settings),
         "micro_batch_tokens": settings.micro_batch_tokens() if settings.training.packing else None,
     }
 
@@ -420,7 +421,7 @@ SECTIONS = {
         read_as_is={
             "training.save_total_limit": "toolkit_train.checkpoints.prune, at every complete save (the end included)",
             "training.merge_adapter": "toolkit_train.train.train, after training",
-            "training.mlflow": "toolkit_train.train.report_to_mlflow (scoped to report_to: mlflow by the table)",
+            "training.mlflow": "toolkit_train.trainer.report_to_mlflow (scoped to report_to: mlflow by the table)",
         },
     ),
     "model": Section(

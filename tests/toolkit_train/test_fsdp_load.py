@@ -1,5 +1,5 @@
 """FSDP loads the base model once: rank 0 reads it, the other ranks build it on the meta device and receive their
-shards from rank 0 (train.loads_from_rank0, model.empty_model). Measured for real: two ranks under torchrun on
+shards from rank 0 (trainer.loads_from_rank0, model.empty_model). Measured for real: two ranks under torchrun on
 CPU (gloo, FSDP2), each rank's host memory as it reports it when training begins, and whether it ever mapped a
 checkpoint file (its /proc/<pid>/maps, read while it runs); compared in the same test with the path where every
 rank reads the model (the entrypoint's tests-only switch), which must train the same first step."""
@@ -45,7 +45,7 @@ def test_a_meta_built_rank_gives_the_optimizer_one_distinct_tensor_per_trainable
     sharded checkpoint save then fails). The LoRA weights get storage; the frozen base stays on meta."""
     from toolkit_train.model import add_lora, give_trainable_storage
     from toolkit_train.settings import LoraSettings
-    from toolkit_train.train import check_optimizer_covers_trainable
+    from toolkit_train.trainer import check_optimizer_covers_trainable
 
     model = add_lora(load_model(ModelSettings(id=TINY_GPT_OSS, dtype="float32"), weights=False), LoraSettings(), 0)
     trainable = [p for p in model.parameters() if p.requires_grad]

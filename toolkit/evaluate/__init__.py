@@ -228,7 +228,7 @@ def evaluate_local(
         manager = benchmarks.task_manager(tasks)  # an unknown name stops here, before any server starts
     results = []
     for label, directory in served_models(config, model_dir):
-        log = Path("runs") / config.name / "eval" / f"serve-{label}.log"
+        log = eval_dir(config) / f"serve-{label}.log"
         if on_status:
             on_status(f"starting vLLM for the {label} model ({directory})")
         with _local_server(config, directory, _free_port(), log) as url:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from toolkit_train.layout import ML_ROOT_ENV, RUN_RECORD
+from toolkit_train.layout import HYPERPARAMETERS, ML_ROOT_ENV, RUN_RECORD, RunTree
 from toolkit_train.settings import (
     RANK_SHUTDOWN_SECONDS,
     STOP_WINDOW_SECONDS,
@@ -39,7 +39,6 @@ from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, TargetFailed, tail
 from toolkit.targets.hyperpod import job_dir
 from toolkit.targets.jobtree import (
-    RUN_OUTPUTS,
     TRAJECTORY_FILE,
     code_archive,
     foreign_checkpoints,
@@ -71,7 +70,7 @@ def code_data(config: Config) -> dict[str, dict[str, str]]:
             f"{CONFIG_MAP_LIMIT_BYTES}: remove large files from the training package (entrypoints/toolkit_train/)"
         )
     data = {
-        "hyperparameters.json": settings,
+        HYPERPARAMETERS: settings,
         TRAJECTORY_FILE: trajectory_text(to_hyperparameters(config.train_settings())),
     }
     return {"binaryData": {CODE_ARCHIVE: archive}, "data": data}
@@ -83,7 +82,7 @@ def fresh_start_command(root: Path, token: str) -> str:
     (the operator's retries) find the token and keep what the run has written, so retries still resume. Every pod
     runs this before the rendezvous, so no clear can follow a checkpoint."""
     marker, quoted = shlex.quote(str(root / ".fresh-start")), shlex.quote(token)
-    stale = " ".join(shlex.quote(str(root / name)) for name in RUN_OUTPUTS)
+    stale = " ".join(shlex.quote(str(path)) for path in RunTree(root).outputs)
     return (
         f'if [ "$(cat {marker} 2>/dev/null)" != {quoted} ]; then '
         f"rm -rf {stale} && mkdir -p {shlex.quote(str(root))} && echo {quoted} > {marker}; fi"
@@ -96,7 +95,7 @@ def foreign_checkpoints_command(root: Path) -> str:
     max_steps is the same run) -> stop before training."""
     written = shlex.quote(str(trajectory_file(root)))
     return (
-        f"if ls {shlex.quote(str(root / 'checkpoints'))}/checkpoint-* >/dev/null 2>&1 && [ -f {written} ] && "
+        f"if ls {shlex.quote(str(RunTree(root).checkpoints))}/checkpoint-* >/dev/null 2>&1 && [ -f {written} ] && "
         f"! cmp -s {CODE_MOUNT}/{TRAJECTORY_FILE} {written}; then "
         f"echo {shlex.quote('error: ' + foreign_checkpoints(root))} >&2; exit 2; fi"
     )
@@ -111,14 +110,15 @@ def _container(config: Config, launcher: list[str], fresh_token: str | None = No
         )
     spec = instance(hp.instance_type, "hyperpod.instance_type")
     root = job_dir(config)
+    settings_dir = RunTree(root).hyperparameters.parent
     # the staged code tree, unpacked whole, then launch. The launcher is exec'd: it must be the pod's PID 1, the
     # process Kubernetes stops with SIGTERM. A bash left as PID 1 has no handler, so the kernel drops the signal
     # (PID 1 is shielded) and no rank checkpoints; torchrun and hyperpodrun pass it on within their own timers.
     setup = (
         (f"{fresh_start_command(root, fresh_token)} && " if fresh_token else "")
         + f"{foreign_checkpoints_command(root)}; "
-        f"mkdir -p {CODE_DIR} {root}/input/config && tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {CODE_DIR} && "
-        f"cp {CODE_MOUNT}/hyperparameters.json {CODE_MOUNT}/{TRAJECTORY_FILE} {root}/input/config/ && "
+        f"mkdir -p {CODE_DIR} {settings_dir} && tar -xzf {CODE_MOUNT}/{CODE_ARCHIVE} -C {CODE_DIR} && "
+        f"cp {CODE_MOUNT}/{HYPERPARAMETERS} {CODE_MOUNT}/{TRAJECTORY_FILE} {settings_dir}/ && "
         + (f"pip install -q -r {CODE_DIR}/requirements.txt && " if hp.install else "")
         + " ".join(["exec", *launcher, f"{CODE_DIR}/{ENTRY_SCRIPT}"])
     )
@@ -343,7 +343,7 @@ class EksJob(Job):
         }.get(current.get("type", ""), Status.PENDING)
         artifacts = Artifacts()
         if status is Status.COMPLETED:  # on the shared filesystem (FSx), as the pods see it: named, not looked at
-            model = job_dir(self.config) / "model"
+            model = RunTree(job_dir(self.config)).model
             merged = str(model / "merged") if self.config.training.merge_adapter else None
             artifacts = Artifacts(adapter=str(model / "adapter"), merged=merged)
         return JobState(self.name, status, current.get("message", current.get("type", "")), artifacts)
@@ -425,7 +425,7 @@ def export_job(config: Config, run_id: str, bucket: str, prefix: str) -> dict[st
         "restartPolicy": "Never",
         "containers": [{
             "name": "export", "image": hp.image,
-            "command": ["python3", "-c", EXPORT_SCRIPT, str(job_dir(config) / "model"), bucket, prefix,
+            "command": ["python3", "-c", EXPORT_SCRIPT, str(RunTree(job_dir(config)).model), bucket, prefix,
                         config.aws.region],
             "volumeMounts": [{"name": "fsx", "mountPath": hp.fsx.mount_path, "readOnly": True}],
         }],

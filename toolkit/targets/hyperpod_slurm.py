@@ -179,7 +179,7 @@ class SlurmJob(Job):
 
     @property
     def output(self) -> Path:
-        return self.root / "output" / f"slurm-{self.name}.out"
+        return RunTree(self.root).output / f"slurm-{self.name}.out"
 
     def status(self) -> JobState:
         shown = _run("scontrol", "show", "job", self.name, "--oneliner")
@@ -198,7 +198,7 @@ class SlurmJob(Job):
         if state == "UNKNOWN":  # aged out of slurmctld: the job directory tells
             status = Status.COMPLETED if RunTree(self.root).completed() else Status.FAILED
         detail = failure.read_text().strip() if failure.exists() and status is Status.FAILED else state
-        artifacts = Artifacts.in_run_dir(self.root / "model") if status is Status.COMPLETED else Artifacts()
+        artifacts = Artifacts.in_run_dir(RunTree(self.root).model) if status is Status.COMPLETED else Artifacts()
         return JobState(self.name, status, detail, artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from toolkit.targets.base import JobState
 
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
-RUN_OUTPUTS = ("checkpoints", "model", "output")  # what a run writes, and what --fresh clears
 TRAJECTORY_FILE = "trajectory.json"
 
 
@@ -46,9 +45,9 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
     from toolkit.targets.base import TargetError
 
     if fresh:
-        for stale in RUN_OUTPUTS:
-            shutil.rmtree(root / stale, ignore_errors=True)
-    elif any((root / "checkpoints").glob("checkpoint-*")) and _settings_changed(config, root):
+        for stale in RunTree(root).outputs:
+            shutil.rmtree(stale, ignore_errors=True)
+    elif any(RunTree(root).checkpoints.glob("checkpoint-*")) and _settings_changed(config, root):
         raise TargetError(foreign_checkpoints(root))
     for outcome in (RunTree(root).failure, RunTree(root).stopped):  # records of the last attempt's end
         outcome.unlink(missing_ok=True)
@@ -138,7 +137,7 @@ def resume_hint(root: Path) -> str:
     """What the same command does next for this run: which checkpoint it resumes from."""
     from toolkit_train.checkpoints import newest_complete
 
-    checkpoint, _ = newest_complete(root / "checkpoints")
+    checkpoint, _ = newest_complete(RunTree(root).checkpoints)
     if checkpoint is None:
         return "the next run of the same command starts from the beginning (no complete checkpoint)"
     return f"the next run of the same command resumes from {checkpoint.name}"
@@ -172,7 +171,7 @@ def place_train_channel(source: str, root: Path, copy: bool, name: str = "train"
     """Local data becomes the 'train' channel (data.eval.source: 'eval'), a directory as in SageMaker (linked, or
     copied where every node must see it); builtin and hub data are loaded by name, so they get none. Callers refuse
     remote sources."""
-    channel = root / "input" / "data" / name
+    channel = RunTree(root).channel(name)
     if channel.is_symlink() or channel.is_file():
         channel.unlink()
     elif channel.exists():

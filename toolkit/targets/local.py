@@ -59,7 +59,7 @@ RELAY = str(Path(relay.__file__))  # run by path: the run's PYTHONPATH holds the
 
 
 def log_file(root: Path) -> Path:
-    return root / "output" / "train.log"
+    return RunTree(root).train_log
 
 
 def job_root(config: Config) -> Path:
@@ -99,7 +99,7 @@ class LocalJob(Job):
         return None if holder is None else int(holder.get("pid", 0)) or None
 
     def artifacts(self) -> Artifacts:
-        return Artifacts.in_run_dir(self.root / "model")
+        return Artifacts.in_run_dir(RunTree(self.root).model)
 
     def status(self) -> JobState:
         tree = RunTree(self.root)
