@@ -28,6 +28,7 @@ _EXPORTS = {
     "render_deploy": "toolkit.sdk",
     "endpoints": "toolkit.sdk",
     "serve_local": "toolkit.sdk",
+    "serve_local_until_stopped": "toolkit.sdk",
     "chat_client": "toolkit.sdk",
     "register": "toolkit.sdk",
 }

@@ -29,7 +29,7 @@ from toolkit.deploy.client import (
 from toolkit.errors import BadInput
 from toolkit.infra import ExportRole
 from toolkit.limits import parse_price_overrides
-from toolkit.targets.base import Job, JobDetached, JobInterrupted, JobState, get_target
+from toolkit.targets.base import Job, JobDetached, JobInterrupted, Run, get_target
 
 # The chat vocabulary (a reply, the messages of a question, what is wrong with a reply, waiting for a server) and
 # the stack's export role are part of the SDK: the CLI and CI scripts use them from here, never from below.
@@ -222,7 +222,7 @@ def job(config: Config | str | Path, name: str, target: str | None = None, overr
     return get_target(target or cfg.target).attach(cfg, name)
 
 
-def job_status(config: Config | str | Path, name: str, target: str | None = None) -> JobState:
+def job_status(config: Config | str | Path, name: str, target: str | None = None) -> Run:
     """The state of a job started earlier: status, detail (failure reason) and artifacts."""
     return job(config, name, target).status()
 
@@ -585,3 +585,26 @@ def prompt_drift(config: Config | str | Path, url: str | None = None, target: st
 
     client = chat_client(config, target, url)
     return drift(client.send, client.model) if applies(_as_config(config)) else []
+
+
+def serve_local_until_stopped(
+    config: Config | str | Path,
+    model_dir: str | Path | None = None,
+    port: int | None = None,
+    overrides: Sequence[str] = (),
+    phase: Callable[[str], Any] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    on_serving: Callable[[LocalServer], None] | None = None,
+) -> None:
+    """`toolkit deploy --target local`: `serve_local`'s server for its whole life, in the foreground. Starts it,
+    waits until it answers, refuses a served prompt that is not training's (`prompt_drift`: the server is stopped,
+    `PromptDrift`, exit 1), calls `on_serving(server)` and serves until interrupted (KeyboardInterrupt: stopped,
+    returns). A server that dies is stopped and raises `DeployError` naming how it ended and why; an interrupt
+    before it serves stops it and goes on. `phase(what)`: a context manager around each wait (a status display)
+    that yields a callback for progress lines; `on_note`: what starting did besides starting (LocalServer.serve)."""
+    from toolkit.deploy.local import LocalServer, quietly
+    from toolkit.deploy.local import model_dir as local_model_dir
+
+    cfg = _as_config(config, overrides)
+    server = LocalServer(cfg, local_model_dir(cfg, model_dir), port)
+    server.serve(lambda url: prompt_drift(cfg, url), phase or quietly, on_note, on_serving)

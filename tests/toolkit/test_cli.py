@@ -156,3 +156,104 @@ def test_unbuilt_target_says_so_plainly(monkeypatch):
         base.get_target("future")
     with pytest.raises(base.TargetError, match="unknown target 'cloud'; choose one of: local"):
         base.get_target("cloud")
+
+
+def _serve_in_thread(handler):
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_invoke_shows_a_streamed_reply_as_it_arrives_and_its_tool_calls_whole():
+    """The SDK puts the deltas together (ReplyAssembler): reasoning on stderr and the answer on stdout, each up to
+    its first raw harmony token, model text never read as markup, a tool call's pieces shown as one line at the end,
+    and --check judges the whole reply."""
+    from http.server import BaseHTTPRequestHandler
+
+    deltas = [{"reasoning_content": "Let me "}, {"reasoning_content": "think [b]x[/b] :b:."}, {"content": "The answer"},
+              {"content": " is 42."}, {"content": "<|return|> held back"},
+              {"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": '{"ci'}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Paris"}'}}]}]  # fmt: skip
+    events = [{"choices": [{"delta": delta, "finish_reason": None}]} for delta in deltas]
+    events.append({"choices": [{"delta": {}, "finish_reason": "tool_calls"}]})
+    stream = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            assert json.loads(self.rfile.read(int(self.headers["Content-Length"])))["stream"] is True
+            self.send_response(200)
+            self.end_headers()
+            for start in range(0, len(stream), 5):  # events split anywhere
+                self.wfile.write(stream[start : start + 5])
+                self.wfile.flush()
+
+        def log_message(self, *args):
+            pass
+
+    server = _serve_in_thread(Handler)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = runner.invoke(app, ["invoke", "tiny-gpt-oss-local", "Weather?", "--url", url, "--check"])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 1, result.output  # --check: the whole reply holds a special token
+    assert result.stdout == '\nanswer: The answer is 42.\ntool call: get_weather {"city": "Paris"}\n'
+    assert result.stderr == (
+        "reasoning: Let me think [b]x[/b] :b:.the reply holds raw harmony markup (<|return|>): not shown as text "
+        "from there on; --json shows the reply as the server sent it\nerror: the reply shows special tokens: "
+        "<|return|>\n"
+    )
+
+
+FAKE_VLLM = """
+import json, os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
+                           "prompt_token_ids": [1, 2, 3, 4]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+
+HTTPServer(("127.0.0.1", int(os.environ["SM_VLLM_PORT"])), Handler).serve_forever()
+"""
+
+
+def test_local_deploy_refuses_a_served_prompt_that_is_not_the_trained_one_and_stops_the_server(tmp_path):
+    """vLLM stood in for by a server that renders every prompt wrong: `deploy --target local` starts it, finds the
+    drift, stops it and exits 1 with the refusal, never saying it serves (LocalServer.serve, the SDK's life cycle)."""
+    import shlex
+    import socket
+
+    fake = tmp_path / "fake_vllm.py"
+    fake.write_text(FAKE_VLLM)
+    python = tmp_path / "python"  # `-c` probes (has vLLM? a GPU?) pass; serve.py runs the fake
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then exit 0; fi\nexec {shlex.quote(sys.executable)} {fake}\n')
+    python.chmod(0o755)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", "deploy", "tiny-gpt-oss-local", "--target", "local", "--model-dir",
+         str(tmp_path / "model"), "--port", str(port), "--set", f"serving.local_python={python}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 1, result.stderr
+    assert "error: the served prompt is not the trained prompt: tools, a tool result, developer prompt" in said
+    assert said.endswith("Serve with the pinned vLLM (scripts/env.sh, the serving image) or retrain with this "
+                         "toolkit's rendering"), said  # fmt: skip
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs" / "tiny-gpt-oss-local" / "serve.pid").exists()  # stopped: its record removed
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more

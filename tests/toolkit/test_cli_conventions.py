@@ -17,8 +17,8 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from toolkit import cli
 from toolkit.cli import app
+from toolkit.cli.common import Effort, TrainTarget, config_first
 
 # commands that read no config, and why
 NO_CONFIG = {
@@ -93,15 +93,15 @@ def test_top_help_names_every_group_and_no_count_of_verbs():
 def test_the_cli_target_choices_are_the_configs():
     from toolkit.config.targets import TARGET_SETTINGS
 
-    assert list(typing.get_args(cli.TrainTarget)) == list(TARGET_SETTINGS)
+    assert list(typing.get_args(TrainTarget)) == list(TARGET_SETTINGS)
 
 
 def test_the_config_may_come_first_or_as_the_c_alias():
-    assert cli.config_first(("cfg.yaml", "job-1"), None) == ("cfg.yaml", "job-1")
-    assert cli.config_first(("job-1", None), "cfg.yaml") == ("cfg.yaml", "job-1")  # jobs status job-1 -c cfg.yaml
+    assert config_first(("cfg.yaml", "job-1"), None) == ("cfg.yaml", "job-1")
+    assert config_first(("job-1", None), "cfg.yaml") == ("cfg.yaml", "job-1")  # jobs status job-1 -c cfg.yaml
     for positionals, alias in ((("cfg.yaml", "job-1"), "other.yaml"), ((None, None), None)):
         with pytest.raises(typer.Exit) as raised:
-            cli.config_first(positionals, alias)
+            config_first(positionals, alias)
         assert raised.value.exit_code == 2
 
 
@@ -120,4 +120,4 @@ def test_verbose_logs_every_aws_call(aws_env):
 def test_the_reasoning_effort_choices_are_harmonys():
     from toolkit_train.harmony import EFFORTS
 
-    assert typing.get_args(cli.Effort) == EFFORTS
+    assert typing.get_args(Effort) == EFFORTS

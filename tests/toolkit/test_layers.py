@@ -1,6 +1,7 @@
-"""The floors: cli -> sdk -> deploy / targets / infra -> aws -> config -> toolkit_train. The CLI parses, calls the
-SDK and renders; it reaches nothing below the SDK but the error map and the config schema. The training code
-imports no toolkit module (it runs in containers that have none). Read from the source, so a new import fails."""
+"""The floors: cli -> sdk -> deploy / targets / infra -> aws -> config -> toolkit_train. The CLI (every module of
+toolkit/cli/) parses, calls the SDK and renders; it reaches nothing below the SDK but the error map and the config
+schema. The training code imports no toolkit module (it runs in containers that have none). Read from the source,
+so a new import fails."""
 
 from __future__ import annotations
 
@@ -11,29 +12,67 @@ import toolkit_train
 
 import toolkit
 
-CLI_MAY_IMPORT = ("toolkit.sdk", "toolkit.errors", "toolkit.config")
+CLI = Path(toolkit.__file__).parent / "cli"  # the CLI's package: the app (common.py) and one module per verb group
+CLI_MAY_IMPORT = ("toolkit.sdk", "toolkit.errors", "toolkit.config", "toolkit.cli")  # the last: its own modules
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, package: str | None = None) -> set[str]:
+    """The modules a file imports. With `package` (the file's own), relative imports too, resolved against it;
+    without, they are left out."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            if node.module == "toolkit":  # `from toolkit import sdk` imports toolkit.sdk
-                names |= {f"toolkit.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                module = node.module or ""
+            elif package is None:
+                continue
+            else:  # `from . import x`, `from ..deploy import local`
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            names.add(module)
+            if node.module == "toolkit" or node.level:  # `from toolkit import sdk` imports toolkit.sdk
+                names |= {f"{module}.{alias.name}" for alias in node.names}
     return names
 
 
-def test_the_cli_imports_only_the_sdk_the_error_map_and_the_config():
-    cli = Path(toolkit.__file__).parent / "cli.py"
-    below = {
+def _below_the_sdk(path: Path, package: str = "toolkit.cli") -> set[str]:
+    """What a CLI module imports from the toolkit or the training code beyond the SDK, the error map and the config."""
+    return {
         name
-        for name in _imports(cli)
-        if (name.startswith(("toolkit.", "toolkit_train")) and not name.startswith(CLI_MAY_IMPORT))
+        for name in _imports(path, package)
+        if name.startswith(("toolkit.", "toolkit_train"))
+        and not any(name == allowed or name.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)
     }
-    assert below == set(), f"cli.py reaches below the SDK: {sorted(below)}; add what it needs to toolkit/sdk.py"
+
+
+def test_the_cli_imports_only_the_sdk_the_error_map_and_the_config():
+    modules = {path.relative_to(CLI).as_posix(): path for path in sorted(CLI.rglob("*.py"))}
+    assert {"__init__.py", "__main__.py", "common.py"} <= set(modules) and len(modules) > 3, sorted(modules)
+    assert not (CLI.parent / "cli.py").exists(), "toolkit/cli.py is back beside the toolkit/cli/ package"
+    below = {
+        f"cli/{name}: {imported}"
+        for name, path in modules.items()
+        for imported in _below_the_sdk(path, ".".join(("toolkit", "cli", *Path(name).parent.parts)))
+    }
+    assert below == set(), f"the CLI reaches below the SDK: {sorted(below)}; add what it needs to toolkit/sdk.py"
+
+
+def test_the_cli_check_sees_a_reach_below_the_sdk(tmp_path):
+    """The check above can fail: imports below the SDK, absolute, relative and function-local, are all seen."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import toolkit.sdk\nfrom toolkit import aws, errors, sdk\nfrom toolkit.cli.common import app\n"
+        "from toolkit.config import load_config\nfrom . import app\nfrom ..deploy import local\n"
+        "from ..sdk import train\nfrom toolkit.sdkextra import x\n"
+        "def f():\n    from toolkit.deploy.client import ChatClient\n    import toolkit_train.harmony\n"
+    )
+    assert _below_the_sdk(probe) == {
+        "toolkit.aws", "toolkit.deploy", "toolkit.deploy.local", "toolkit.sdkextra", "toolkit.deploy.client",
+        "toolkit_train.harmony",
+    }  # fmt: skip
 
 
 def test_the_training_code_imports_no_toolkit_module():

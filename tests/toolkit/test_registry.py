@@ -72,7 +72,7 @@ def completed_hyperpod_run(cfg) -> None:
     model = job_dir(cfg) / "model"
     (model / "adapter").mkdir(parents=True)
     (model / "adapter" / "adapter_config.json").write_text("{}")
-    (model / "run.json").write_text('{"job": "slurm"}')
+    (model / "run.json").write_text('{"job": "slurm", "train_loss": 1.25, "eval_loss": null}')
 
 
 def test_a_hyperpod_run_registers_by_its_model_uploaded_once(aws_env, tmp_path):
@@ -89,6 +89,7 @@ def test_a_hyperpod_run_registers_by_its_model_uploaded_once(aws_env, tmp_path):
     assert {o["Key"].rsplit("/", 1)[-1] for o in listed["Contents"]} >= {"run.json", "adapter_config.json"}
     metadata = package["CustomerMetadataProperties"]
     assert metadata["training_job"] == "tiny-gpt-oss-local" and metadata["model_data"] == served
+    assert metadata["metric:train_loss"] == "1.25" and "metric:eval_loss" not in metadata  # run.json's final losses
     assert "training_job_arn" not in metadata and package["ModelPackageDescription"].endswith(
         "from hyperpod run tiny-gpt-oss-local")  # fmt: skip
 

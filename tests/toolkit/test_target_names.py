@@ -21,8 +21,8 @@ NAMES = frozenset(TARGET_SETTINGS) | frozenset(ORCHESTRATORS)
 # machine, the ServeTarget and EvalTarget of the CLI), beside "endpoint". Only that value, only in these functions
 # ("": module level), and never compared with a config's `.target` (that is the training target).
 OTHER_VOCABULARY = {
-    ("cli.py", "deploy"): {"local"},
-    ("cli.py", "invoke"): {"local"},
+    ("cli/serve_cmds.py", "deploy"): {"local"},
+    ("cli/serve_cmds.py", "invoke"): {"local"},
     ("sdk.py", "serve_target"): {"local"},
     ("sdk.py", "chat_client"): {"local"},
     ("sdk.py", "evaluate"): {"local"},

@@ -93,7 +93,7 @@ def test_the_training_code_reads_decoder_layer_and_fused_experts_from_the_record
     layer is a class its transformers architecture has."""
     import transformers
 
-    train = (ROOT / "entrypoints" / "toolkit_train" / "train.py").read_text()
+    train = (ROOT / "entrypoints" / "toolkit_train" / "trainer.py").read_text()
     model = (ROOT / "entrypoints" / "toolkit_train" / "model.py").read_text()
     assert "family.decoder_layer" in train and "family.fused_experts" in model
     for family in FAMILIES:

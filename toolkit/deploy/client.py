@@ -37,6 +37,55 @@ class Delta:
     index: int = 0  # which tool call of the reply
 
 
+@dataclass
+class Shown:
+    """What of a streamed reply to show as it arrives: new text of the reasoning or of the answer (`kind`, as in
+    `Delta`); `opens`: the first text of its part (where a label goes)."""
+
+    kind: Literal["reasoning", "content"]
+    text: str
+    opens: bool
+
+
+class ReplyAssembler:
+    """A streamed reply put together from its deltas (`ChatClient.stream`). Iterating yields what to show as it
+    arrives: the reasoning and the answer each up to its first raw harmony token (`before_markup`: a reply cut off
+    in a channel header, or a header the model wrote into its answer, is never shown as text). Tool calls are shown
+    whole once the reply ends: `reply()`, the whole reply (no usage: a stream reports none), holds them."""
+
+    def __init__(self, deltas: Iterable[Delta] = ()) -> None:
+        self._deltas = deltas
+        self._parts = {"reasoning": "", "content": ""}
+        self._calls: dict[int, dict] = {}
+        self._finish = ""
+
+    def __iter__(self) -> Iterator[Shown]:
+        for delta in self._deltas:
+            shown = self.add(delta)
+            if shown is not None:
+                yield shown
+
+    def add(self, delta: Delta) -> Shown | None:
+        """Take one delta; what of it to show now, or None (a tool call's piece, the finish reason, held-back
+        markup)."""
+        if delta.kind == "finish":
+            self._finish = delta.text
+            return None
+        if delta.kind == "tool_call":
+            call = self._calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            call["name"] += delta.name
+            call["arguments"] += delta.text
+            return None
+        shown = len(before_markup(self._parts[delta.kind]))  # raw harmony tokens and what follows stay unshown
+        self._parts[delta.kind] += delta.text
+        text = before_markup(self._parts[delta.kind])[shown:]
+        return Shown(delta.kind, text, opens=not shown) if text else None
+
+    def reply(self) -> ChatReply:
+        return ChatReply(self._parts["content"], self._parts["reasoning"], self._finish, {},
+                         tool_calls=list(self._calls.values()))  # fmt: skip
+
+
 def ping(url: str) -> bool:
     """Whether a server at `url` answers the SageMaker health check (GET /ping) with 200."""
     try:
@@ -300,6 +349,17 @@ class ChatClient:
     ) -> Iterator[Delta]:
         body = self._body(messages, max_tokens, temperature, True, tools, reasoning_effort)
         yield from deltas_from(self._send_streaming(body))  # fmt: skip
+
+    def stream_reply(
+        self,
+        messages: list[dict],
+        max_tokens: int = 512,
+        temperature: float = 0.7,
+        tools: list[dict] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> ReplyAssembler:
+        """`stream()` put together: iterate it for what to show as tokens arrive, then `reply()` for the whole."""
+        return ReplyAssembler(self.stream(messages, max_tokens, temperature, tools, reasoning_effort))
 
 
 def read_tools(path: str) -> list[dict]:

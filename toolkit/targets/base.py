@@ -71,11 +71,35 @@ class Artifacts(Mapping[str, str]):
 
 
 @dataclass
-class JobState:
+class Run:
+    """A training run as its target reports it, from any machine: `Job.status()` and `Target.latest()` return it,
+    and eval, register and deploy take it (`Target.fetch`, `Target.run_to_register`). A completed run names its
+    artifacts and the final metrics its target keeps (a training job's FinalMetricDataList; elsewhere run.json's
+    losses)."""
+
     name: str
     status: Status
     detail: str = ""  # failure reason, secondary status, ...
     artifacts: Artifacts = field(default_factory=Artifacts)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def completed_in(cls, name: str, root: Path, detail: str = "") -> Run:
+        """A completed run of a run directory this machine sees: its model's artifacts, run.json's final losses."""
+        import json
+
+        from toolkit_train.layout import RunTree
+
+        tree = RunTree(root)
+        try:
+            record = json.loads(tree.run_record.read_text())
+        except (OSError, ValueError):
+            record = {}
+        metrics = {key: float(record[key]) for key in FINAL_LOSSES if isinstance(record.get(key), (int, float))}
+        return cls(name, Status.COMPLETED, detail, Artifacts.in_run_dir(tree.model), metrics)
+
+
+FINAL_LOSSES = ("train_loss", "eval_loss")  # what run.json records of a run's end, as its final metrics
 
 
 @dataclass(frozen=True)
@@ -109,7 +133,7 @@ class Job(ABC):
     stops_on_interrupt: bool = False
 
     @abstractmethod
-    def status(self) -> JobState:
+    def status(self) -> Run:
         """Where the job is; a completed job names its artifacts (adapter, merged model)."""
 
     @abstractmethod
@@ -122,12 +146,12 @@ class Job(ABC):
         a checkpoint (a second Ctrl-C), where the target can; others stop as without it."""
 
     @abstractmethod
-    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> Run:
         """Block until the job ends, passing each log or status line to on_line; returns the final state."""
 
     def follow(
         self, on_progress: Callable[[Metrics], None] | None = None, on_line: Callable[[str], None] | None = None
-    ) -> JobState:
+    ) -> Run:
         """wait(), with the entrypoint's `[metrics]` lines given to on_progress (parsed) and every other line to
         on_line, and the interrupt policy of every target: Ctrl-C or SIGTERM (a CI runner cancelling) either
         detaches (`JobDetached`: the job runs on) or, on targets whose jobs die with this process, asks the job to
@@ -180,7 +204,7 @@ class Target(ABC):
 
     # The hand-over to deploy and the registry: they ask these two, never a named target.
     @abstractmethod
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         """The newest completed run of this config on this target (with its artifacts), or None."""
 
     @abstractmethod
@@ -204,9 +228,10 @@ class Target(ABC):
                 f"({newest.name}): register that one (leave out --job)"
             )
         model = self.servable_model(config)
-        return RunToRegister(newest.name, model, ("model_data", model), f"{self.name} run {newest.name}")
+        return RunToRegister(newest.name, model, ("model_data", model), f"{self.name} run {newest.name}",
+                             newest.metrics)  # fmt: skip
 
-    def fetch(self, config: Config, run: JobState) -> Path:
+    def fetch(self, config: Config, run: Run) -> Path:
         """The run's model directory on this machine (adapter/, merged/, run.json), for `toolkit eval`: where the
         run left it when this machine sees that (a local run, a cluster's shared filesystem mounted here), else its
         servable model downloaded once from S3 into runs/<name>/models/<run>/ (whole or not there: a download
@@ -259,7 +284,7 @@ class JobDetached(KeyboardInterrupt):
 class JobInterrupted(KeyboardInterrupt):
     """Following was interrupted and the job stopped (checkpointed, unless stopped at once); exit 130."""
 
-    def __init__(self, state: JobState):
+    def __init__(self, state: Run):
         super().__init__(state.name)
         self.state = state
 

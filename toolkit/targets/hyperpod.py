@@ -12,7 +12,7 @@ from pathlib import Path
 from toolkit import limits
 from toolkit.config import Config
 from toolkit.config.instances import INSTANCES
-from toolkit.targets.base import Job, JobState, Size, Target, TargetError
+from toolkit.targets.base import Job, Run, Size, Target, TargetError
 from toolkit.targets.jobtree import place_train_channel, prepare_run_dir, stage_code
 
 ORCHESTRATORS = {"slurm": "toolkit.targets.hyperpod_slurm", "eks": "toolkit.targets.hyperpod_eks"}
@@ -56,7 +56,7 @@ class HyperPodTarget(Target):
     def attach(self, config: Config, job_name: str) -> Job:
         return self._delegate(config).attach(config, job_name)
 
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         return self._delegate(config).latest(config)
 
     def servable_model(self, config: Config, dry_run: bool = False) -> str:

@@ -36,7 +36,7 @@ from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.errors import service_text
 from toolkit.resources import ENTRY_SCRIPT
-from toolkit.targets.base import Artifacts, Job, JobState, Status, Target, TargetError, TargetFailed, tail
+from toolkit.targets.base import Artifacts, Job, Run, Status, Target, TargetError, TargetFailed, tail
 from toolkit.targets.hyperpod import job_dir
 from toolkit.targets.jobtree import (
     TRAJECTORY_FILE,
@@ -329,7 +329,7 @@ class EksJob(Job):
     def _kind(self) -> tuple[str, str, str]:
         return KINDS[self.config.hyperpod.eks_job_kind]
 
-    def status(self) -> JobState:
+    def status(self) -> Run:
         _, custom = _clients(self.config)
         group, version, plural = self._kind()
         obj = custom.get_namespaced_custom_object(group, version, self.config.hyperpod.namespace, plural, self.name)
@@ -346,7 +346,7 @@ class EksJob(Job):
             model = RunTree(job_dir(self.config)).model
             merged = str(model / "merged") if self.config.training.merge_adapter else None
             artifacts = Artifacts(adapter=str(model / "adapter"), merged=merged)
-        return JobState(self.name, status, current.get("message", current.get("type", "")), artifacts)
+        return Run(self.name, status, current.get("message", current.get("type", "")), artifacts)
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         """Every pod's log, prefixed with the pod name; with follow, new lines until the job ends."""
@@ -380,7 +380,7 @@ class EksJob(Job):
         for code_map in core.list_namespaced_config_map(namespace, label_selector=f"{CODE_LABEL}={self.name}").items:
             core.delete_namespaced_config_map(code_map.metadata.name, namespace)
 
-    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> Run:
         emit = on_line or (lambda line: None)
         seen, lines_seen = None, dict[str, int]()  # every pod's log lines too: progress and loss on EKS as elsewhere
         while True:
@@ -498,7 +498,7 @@ def _run_export(config: Config, job: dict[str, Any], poll_seconds: float) -> Non
 class EksOrchestrator(Target):
     name = "hyperpod (eks)"
 
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         """The run's job object, when the cluster still holds it and it completed (pods cannot be read from here)."""
         try:
             state = self.attach(config, config.name).status()

@@ -25,9 +25,8 @@ from toolkit.config import Config
 from toolkit.config.instances import instance
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets.base import (
-    Artifacts,
     Job,
-    JobState,
+    Run,
     Status,
     Target,
     TargetError,
@@ -181,7 +180,7 @@ class SlurmJob(Job):
     def output(self) -> Path:
         return RunTree(self.root).output / f"slurm-{self.name}.out"
 
-    def status(self) -> JobState:
+    def status(self) -> Run:
         shown = _run("scontrol", "show", "job", self.name, "--oneliner")
         if shown.returncode != 0 and "invalid job id" not in shown.stderr.lower():
             # the query failed, not the job: never report a running job as failed
@@ -191,15 +190,16 @@ class SlurmJob(Job):
             )
         state = "UNKNOWN"
         for field in shown.stdout.split():
-            if field.startswith("JobState="):
+            if field.startswith("Run="):
                 state = field.split("=", 1)[1]
         status = STATES.get(state, Status.PENDING)
         failure = RunTree(self.root).failure
         if state == "UNKNOWN":  # aged out of slurmctld: the job directory tells
             status = Status.COMPLETED if RunTree(self.root).completed() else Status.FAILED
         detail = failure.read_text().strip() if failure.exists() and status is Status.FAILED else state
-        artifacts = Artifacts.in_run_dir(RunTree(self.root).model) if status is Status.COMPLETED else Artifacts()
-        return JobState(self.name, status, detail, artifacts)
+        if status is Status.COMPLETED:
+            return Run.completed_in(self.name, self.root, detail)
+        return Run(self.name, status, detail)
 
     def logs(self, follow: bool = False) -> Iterator[str]:
         return tail(self._new_lines, lambda: self.status().status.finished, follow, poll=2)
@@ -220,7 +220,7 @@ class SlurmJob(Job):
             reason = "; ".join(errors) or cancelled.stderr.strip()
             raise TargetFailed(f"scancel {self.name} failed: {reason}; see `squeue -j {self.name}`")
 
-    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> JobState:
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 2) -> Run:
         emit = on_line or (lambda line: None)
         seen, failed_queries = "", 0
         while True:
@@ -271,7 +271,7 @@ class SlurmOrchestrator(Target):
             raise TargetError(f"sbatch refused the job: {submitted.stderr.strip()}")
         return SlurmJob(submitted.stdout.strip().split(";")[0], root)
 
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         return completed_run(config.name, job_dir(config))
 
     def servable_model(self, config: Config, dry_run: bool = False) -> str:

@@ -24,7 +24,7 @@ from toolkit.errors import BadInput
 from toolkit.files import write_atomically
 
 if TYPE_CHECKING:
-    from toolkit.targets.base import JobState
+    from toolkit.targets.base import Run
 
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
 TRAJECTORY_FILE = "trajectory.json"
@@ -105,14 +105,11 @@ def code_archive(config: Config) -> bytes:
         return buffer.getvalue()
 
 
-def completed_run(name: str, root: Path) -> JobState | None:
+def completed_run(name: str, root: Path) -> Run | None:
     """A run directory's outcome when its run is complete (run.json, written last, is there), with what it holds."""
-    from toolkit.targets.base import Artifacts, JobState, Status
+    from toolkit.targets.base import Run
 
-    tree = RunTree(root)
-    if not tree.completed():
-        return None
-    return JobState(name, Status.COMPLETED, artifacts=Artifacts.in_run_dir(tree.model))
+    return Run.completed_in(name, root) if RunTree(root).completed() else None
 
 
 def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> str:

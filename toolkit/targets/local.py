@@ -31,9 +31,8 @@ from toolkit.config import Config
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets import relay
 from toolkit.targets.base import (
-    Artifacts,
     Job,
-    JobState,
+    Run,
     RunToRegister,
     Status,
     Target,
@@ -98,32 +97,29 @@ class LocalJob(Job):
         holder = run_holder(self.root)
         return None if holder is None else int(holder.get("pid", 0)) or None
 
-    def artifacts(self) -> Artifacts:
-        return Artifacts.in_run_dir(RunTree(self.root).model)
-
-    def status(self) -> JobState:
+    def status(self) -> Run:
         tree = RunTree(self.root)
         failure = next((p for p in (tree.failure, failure_elsewhere(self.root)) if p.exists()), tree.failure)
         code = self.process.poll() if self.process else None
         if (self.process and code is None) or (not self.process and self._running_elsewhere()):
-            return JobState(self.name, Status.RUNNING)
+            return Run(self.name, Status.RUNNING)
         resume = resume_hint(self.root)
         if self.killed:
-            return JobState(self.name, Status.STOPPED, f"stopped at once: no new checkpoint was written; {resume}")
+            return Run(self.name, Status.STOPPED, f"stopped at once: no new checkpoint was written; {resume}")
         if failure.exists():
             reason = failure.read_text(errors="replace").strip() or self._why_it_ended(code)
-            return JobState(self.name, Status.FAILED, f"{reason}; {resume}")
+            return Run(self.name, Status.FAILED, f"{reason}; {resume}")
         if tree.stopped.exists():  # the trainer writes it once its stop's checkpoint is saved
-            return JobState(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
+            return Run(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
         if self.stop_requested or code == 143:  # stopped before training began (loading), so nothing was saved
-            return JobState(self.name, Status.STOPPED, f"stopped before it wrote a checkpoint; {resume}")
+            return Run(self.name, Status.STOPPED, f"stopped before it wrote a checkpoint; {resume}")
         if code not in (None, 0):
-            return JobState(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
+            return Run(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
         if tree.completed():
-            return JobState(self.name, Status.COMPLETED, _what_trained(self.root), artifacts=self.artifacts())
+            return Run.completed_in(self.name, self.root, _what_trained(self.root))
         if settings_file(self.root).exists():  # started, and every process of it is gone without an outcome
-            return JobState(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
-        return JobState(self.name, Status.PENDING)
+            return Run(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
+        return Run(self.name, Status.PENDING)
 
     def _why_it_ended(self, code: int | None) -> str:
         reason = self._reason(code)
@@ -166,7 +162,7 @@ class LocalJob(Job):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL if now else signal.SIGTERM)
 
-    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 1) -> JobState:
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 1) -> Run:
         if self.process is None:  # found again: follow its log until it ends
             for line in self.logs(follow=True):
                 if on_line:
@@ -259,7 +255,7 @@ class LocalTarget(Target):
             )
         return LocalJob(job_name, root)
 
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         return completed_run(config.name, job_root(config))
 
     def servable_model(self, config: Config, dry_run: bool = False) -> str:

@@ -33,7 +33,7 @@ from toolkit.resources import ENTRY_SCRIPT, TRAINING_PACKAGE
 from toolkit.targets.base import (
     Artifacts,
     Job,
-    JobState,
+    Run,
     RunToRegister,
     Size,
     Status,
@@ -92,7 +92,7 @@ class TrainingJob(Job):
     def describe(self) -> dict:
         return self._sagemaker().describe_training_job(TrainingJobName=self.name)
 
-    def status(self) -> JobState:
+    def status(self) -> Run:
         return _state(self.describe())
 
     def logs(self, follow: bool = False) -> Iterator[str]:
@@ -120,7 +120,7 @@ class TrainingJob(Job):
     def stop(self, now: bool = False) -> None:  # SageMaker has no immediate stop: it always gives 120 s
         self._sagemaker().stop_training_job(TrainingJobName=self.name)
 
-    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> JobState:
+    def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 10) -> Run:
         emit = on_line or (lambda line: None)
         while True:
             description = self.describe()
@@ -151,14 +151,15 @@ def _jobs_of(config: Config, status: str) -> Iterator[str]:
                 yield summary["TrainingJobName"]
 
 
-def _state(description: dict) -> JobState:
+def _state(description: dict) -> Run:
     status = STATUS.get(description["TrainingJobStatus"], Status.PENDING)
     artifacts = Artifacts(**aws.model_artifacts(description))
     detail = description.get("FailureReason", "") or description.get("SecondaryStatus", "")
-    return JobState(description["TrainingJobName"], status, detail, artifacts)
+    metrics = {m["MetricName"]: m["Value"] for m in description.get("FinalMetricDataList", [])}
+    return Run(description["TrainingJobName"], status, detail, artifacts, metrics)
 
 
-def _record(config: Config, state: JobState) -> None:
+def _record(config: Config, state: Run) -> None:
     """Remember the latest finished job locally too (deploy also finds it through the API)."""
     path = run_home(config.name) / "training-job.json"
     write_atomically(path, json.dumps({"job": state.name, "artifacts": dict(state.artifacts)}, indent=2))
@@ -232,7 +233,7 @@ class TrainingJobTarget(Target):
             )
         return latest.artifacts["model"]
 
-    def latest(self, config: Config) -> JobState | None:
+    def latest(self, config: Config) -> Run | None:
         """The newest completed job of this config: what `toolkit deploy` serves by default."""
         name = next(_jobs_of(config, "Completed"), None)
         if name is None:
@@ -254,9 +255,9 @@ class TrainingJobTarget(Target):
             raise TargetError(
                 f"training job {job_name} is {job['TrainingJobStatus']}: only completed jobs are registered"
             )
-        metrics = {m["MetricName"]: m["Value"] for m in job.get("FinalMetricDataList", [])}
-        return RunToRegister(job_name, aws.model_artifacts(job)["model"], ("training_job_arn", job["TrainingJobArn"]),
-                             f"training job {job_name}", metrics)  # fmt: skip
+        run = _state(job)
+        return RunToRegister(job_name, run.artifacts["model"], ("training_job_arn", job["TrainingJobArn"]),
+                             f"training job {job_name}", run.metrics)  # fmt: skip
 
     # What plan and preflight ask: any instance type at the configured count, on demand or managed spot.
     offers_spot = True

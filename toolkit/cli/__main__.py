@@ -1,0 +1,5 @@
+"""`python -m toolkit.cli`: the `toolkit` command."""
+
+from toolkit.cli import main
+
+main()
