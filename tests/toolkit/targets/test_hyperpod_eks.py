@@ -345,6 +345,16 @@ def test_deploy_exports_a_completed_eks_run_from_fsx_once(cluster, aws_env, tmp_
     assert model_data(cfg) == uri  # uploaded once: no second Job (the first is still the only one)
     assert len(cluster.objects("batch/v1/jobs")) == 1
 
+    # `toolkit register` on the same run: the package serves the exported prefix, and nothing is exported again
+    from tests.toolkit.deploy.test_endpoint import IMAGE
+    from toolkit import sdk
+
+    registered = sdk.register(cfg, image_uri=IMAGE)
+    package = boto3.client("sagemaker", region_name="us-east-1").describe_model_package(ModelPackageName=registered.arn)
+    assert package["InferenceSpecification"]["Containers"][0]["ModelDataSource"]["S3DataSource"]["S3Uri"] == uri
+    assert package["CustomerMetadataProperties"]["model_data"] == uri and registered.created
+    assert len(cluster.objects("batch/v1/jobs")) == 1
+
 
 def test_a_failed_export_says_where_its_log_is(cluster, aws_env, tmp_path):
     from toolkit.deploy.endpoint import model_data
