@@ -325,11 +325,11 @@ def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, o
     clock, token counters and the memory probe around its steps."""
     import datasets
     from toolkit_train.layout import Paths
-    from toolkit_train.trainer import build_trainer, sft_config
+    from toolkit_train.trainer import build_trainer, trainer_args
     from transformers import TrainerCallback
 
     paths = Paths(root=out, model_dir=out / "model", checkpoints=out / "ckpt", train_channel=out, output_data=out)
-    args = sft_config(settings, paths)
+    args = trainer_args(settings, paths)
     args.max_steps, args.report_to, args.save_strategy = steps, [], "no"
     if settings.training.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -499,6 +499,12 @@ def evaluate(
     from toolkit.evaluate.report import build, clear, write
 
     cfg = _as_config(config, overrides)
+    if cfg.training.method != "sft":
+        raise EvalInputError(
+            f"training.method {cfg.training.method}: toolkit eval scores generations on held-out conversations "
+            "(supervised fine-tunes); scoring a preference-tuned run on held-out pairs is not built yet: serve it "
+            f"with `toolkit deploy {cfg.name} --target local` and `toolkit invoke` it"
+        )
     run = None
     scored_run = None  # the remote run whose model this evaluation fetched
     if target == "local" and model_dir is None and not get_target(cfg.target).model_is_here:

@@ -20,6 +20,7 @@ from .settings import SAMPLE_DATASET, SAMPLES, DataSettings
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100
 TOKENIZED_COLUMNS = ("input_ids", "labels")
+PAIR_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")  # data.format preference: the prompt, each reply after it
 UNREADABLE = "__unreadable__"  # a row that could not be parsed: the reason, reported like any bad row
 
 
@@ -198,8 +199,34 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
 
 
 def to_conversation(row: dict[str, Any], fmt: str, default_effort: str = "medium") -> dict[str, Any]:
-    """One row checked (roles, tools, tool calls against their schemas, effort) as {messages, tools, effort}."""
+    """One row checked (roles, tools, tool calls against their schemas, effort) as {messages, tools, effort}; a
+    preference row as {chosen, rejected}, each the prompt followed by that reply."""
+    if fmt == "preference":
+        return to_pair(row, default_effort)
     return harmony.normalize(row, to_messages(row, fmt), default_effort)
+
+
+def to_pair(row: dict[str, Any], default_effort: str = "medium") -> dict[str, Any]:
+    """A preference row: the prompt's `messages` (ending with the user's or a tool's message), and `chosen` and
+    `rejected`, each the assistant's reply (a string, or {content, reasoning}); each whole conversation is checked
+    as a training row is."""
+    prompt = to_messages(row, "messages")
+    if isinstance(prompt[-1], dict) and prompt[-1].get("role") == "assistant":
+        raise ValueError("messages: the prompt ends with the user's (or a tool's) message; the replies go in "
+                         "'chosen' and 'rejected'")  # fmt: skip
+    pair = {}
+    for key in ("chosen", "rejected"):
+        reply = {"content": row.get(key)} if isinstance(row.get(key), str) else row.get(key)
+        if not isinstance(reply, dict) or not reply:
+            raise ValueError(f"field {key!r} must be the assistant's reply: a string, or {{content, reasoning}}")
+        message = {"role": "assistant", **{k: v for k, v in reply.items() if k in ("content", "reasoning")}}
+        try:
+            pair[key] = harmony.normalize(row, [*prompt, message], default_effort)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    if pair["chosen"]["messages"][-1] == pair["rejected"]["messages"][-1]:
+        raise ValueError("chosen and rejected are the same reply: there is nothing to prefer")
+    return pair
 
 
 # gpt-oss's published chat template ends the developer instructions with a blank line even when no tools
@@ -228,7 +255,11 @@ def training_chat_template(tokenizer) -> str:
 
 
 def is_tokenized(dataset) -> bool:
-    return all(column in dataset.column_names for column in TOKENIZED_COLUMNS)
+    return any(all(column in dataset.column_names for column in kind) for kind in (TOKENIZED_COLUMNS, PAIR_COLUMNS))
+
+
+def tokenized_columns(settings: DataSettings) -> tuple[str, ...]:
+    return PAIR_COLUMNS if settings.format == "preference" else TOKENIZED_COLUMNS
 
 
 def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | None = None):
@@ -240,13 +271,13 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
 
         dataset = datasets.Dataset.from_list(list(dataset))
     if is_tokenized(dataset):
-        return _enforce_length(dataset.select_columns(list(TOKENIZED_COLUMNS)), settings, report)
+        return _enforce_length(dataset.select_columns(list(tokenized_columns(settings))), settings, report)
     conversations = []
     places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
             conversations.append(to_conversation(row, settings.format, settings.reasoning_effort))
-            report.count(conversations[-1])
+            report.count(conversations[-1].get("chosen", conversations[-1]))
         except ValueError as exc:
             where = places[index] if places else f"row {index}"
             reason = str(exc)  # a row that did not parse says where already
@@ -265,9 +296,45 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
         )
     import datasets
 
+    if settings.format == "preference":
+        check_harmony_vocabulary(tokenizer)
+        return _enforce_pair_length(datasets.Dataset.from_dict(_tokenize_pairs(conversations)), settings, report)
     tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on))
     report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
+
+
+def _tokenize_pairs(pairs: list[dict[str, Any]]) -> dict[str, list]:
+    """Each pair as harmony renders it for training (toolkit_train/harmony.py): the prompt as inference renders it
+    (through `<|start|>assistant`), and each reply's tokens after it (analysis and final, through <|return|>): the
+    tokens DPO scores."""
+    import datetime
+
+    date = datetime.date.today().isoformat()  # one date for the prompt and both replies
+    columns: dict[str, list] = {column: [] for column in PAIR_COLUMNS}
+    for pair in pairs:
+        chosen = pair["chosen"]
+        prompt = harmony.prompt_ids({**chosen, "messages": chosen["messages"][:-1]}, date)
+        columns["prompt_ids"].append(prompt)
+        for key in ("chosen", "rejected"):
+            ids = harmony.examples(pair[key], date)[-1].ids
+            assert ids[: len(prompt)] == prompt, "a reply's rendering does not start with its prompt's"
+            columns[f"{key}_ids"].append(ids[len(prompt) :])
+    return columns
+
+
+def _enforce_pair_length(dataset, settings: DataSettings, report: PrepareReport):
+    """Pairs whose prompt and longer reply exceed data.max_length are dropped (never truncated: settings.py)."""
+    limit = settings.max_length
+    lengths = [len(p) + max(len(c), len(r)) for p, c, r in zip(*(dataset[k] for k in PAIR_COLUMNS), strict=True)]
+    keep = [i for i, n in enumerate(lengths) if n <= limit]
+    report.dropped_overlong = len(lengths) - len(keep)
+    report.assistant_turns = len(keep)
+    report.lengths = [lengths[i] for i in keep]
+    if not keep:
+        raise DataError(f"no pairs left to train on ({report.rows_in} in, {len(report.bad_rows)} bad, "
+                        f"{report.dropped_overlong} longer than data.max_length={limit})")  # fmt: skip
+    return dataset.select(keep) if len(keep) < len(lengths) else dataset
 
 
 def _tokenize(conversations: list, tokenizer, loss_on: str = "assistant") -> dict[str, list]:

@@ -23,7 +23,12 @@ TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-cal
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
-SAMPLES = {SAMPLE_DATASET: "multilingual-thinking.jsonl", TOOL_SAMPLE_DATASET: "tool-calling.jsonl"}  # samples/
+PREFERENCE_SAMPLE_DATASET = "builtin:preference-sample"  # the multilingual sample as pairs (format: preference)
+SAMPLES = {
+    SAMPLE_DATASET: "multilingual-thinking.jsonl",
+    TOOL_SAMPLE_DATASET: "tool-calling.jsonl",
+    PREFERENCE_SAMPLE_DATASET: "preference.jsonl",
+}  # file names in samples/
 # The job's environment names the Hugging Face token's secret (Secrets Manager); the entrypoint reads the value
 HF_TOKEN_SECRET_ENV = "TOOLKIT_HF_TOKEN_SECRET"
 # ...with a client made for the job's region, which the toolkit passes too (a container need not know its region;
@@ -214,13 +219,15 @@ class DataSettings(StrictModel):
     source: str = Field(
         description="Hub dataset id, local path (JSONL, Parquet or a save_to_disk directory), s3:// URI, "
         f"fsx://<file-system-id>/<mount-name>/<path> (training jobs), or a sample that ships with the toolkit: "
-        f"`{SAMPLE_DATASET}`, `{TOOL_SAMPLE_DATASET}`."
+        f"`{SAMPLE_DATASET}`, `{TOOL_SAMPLE_DATASET}`, `{PREFERENCE_SAMPLE_DATASET}`."
     )
     split: str = Field("train", description="Split to train on.")
-    format: Literal["multilingual-thinking", "messages"] = Field(
+    format: Literal["multilingual-thinking", "messages", "preference"] = Field(
         "multilingual-thinking",
         description="Row schema: HuggingFaceH4/Multilingual-Thinking, or OpenAI chat `messages` (with `tools`, "
-        "assistant `tool_calls` and `reasoning`, `tool` messages, `reasoning_effort` per row).",
+        "assistant `tool_calls` and `reasoning`, `tool` messages, `reasoning_effort` per row), or `preference` "
+        "pairs for training.method dpo: the prompt's `messages` and a `chosen` and a `rejected` assistant reply "
+        "(each `content`, optional `reasoning`).",
     )
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
@@ -316,8 +323,25 @@ class MlflowSettings(StrictModel):
     experiment: str = Field("toolkit", min_length=1, description="Experiment the runs are logged under.")
 
 
+class DpoSettings(StrictModel):
+    """Direct preference optimisation (TRL's DPO loss): the reference is the base model with the adapter switched
+    off, so no second copy of the model is held."""
+
+    beta: float = Field(0.1, gt=0, description="How far the tuned policy may move from the reference (DPO's beta).")
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="sigmoid: DPO's loss; ipo: IPO (beta is its regulariser); hinge: SLiC's."
+    )
+
+
 class TrainingSettings(StrictModel):
-    """The optimisation loop (TRL SFTTrainer)."""
+    """The optimisation loop (TRL's SFTTrainer, or its DPOTrainer for training.method dpo)."""
+
+    method: Literal["sft", "dpo"] = Field(
+        "sft",
+        description="sft: supervised fine-tuning on conversations; dpo: preference tuning on chosen/rejected pairs "
+        "(data.format: preference; the pairs train unpacked, packing does not apply).",
+    )
+    dpo: DpoSettings = Field(default_factory=DpoSettings, description="training.method dpo: its loss.")
 
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
     num_epochs: float = Field(1, gt=0, description="Epochs; ignored when max_steps is set.")
@@ -388,6 +412,27 @@ class TrainSettings(StrictModel):
     data: DataSettings
     lora: LoraSettings = Field(default_factory=LoraSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
+
+    @model_validator(mode="after")
+    def _method_reads_its_rows(self) -> TrainSettings:
+        """DPO learns from pairs and SFT from conversations: each refuses the other's rows."""
+        dpo, pairs = self.training.method == "dpo", self.data.format == "preference"
+        if dpo and not pairs:
+            raise ValueError(
+                f"training.method dpo trains on chosen/rejected pairs, not {self.data.format!r} rows: set "
+                "data.format: preference (rows with messages, chosen and rejected)"
+            )
+        if pairs and not dpo:
+            raise ValueError(
+                "data.format preference holds chosen/rejected pairs, which supervised fine-tuning does not read: "
+                "set training.method: dpo"
+            )
+        if pairs and self.data.overlong == "truncate":
+            raise ValueError(
+                "data.overlong truncate: a preference pair is not truncated (the cut would fall inside one reply "
+                "and not the other): set data.overlong: drop, or raise data.max_length"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lora_targets_exist(self) -> TrainSettings:

@@ -123,6 +123,8 @@ def starved(summary: dict[str, Any]) -> list[str]:
 
 def paths_that_ran(model: Any, settings: Any, compiled: int) -> dict[str, Any]:
     """Which implementations the trained model used, read from the model itself where it can say."""
+    from .trainer import uses_packing
+
     experts = sorted({_inner(module) for name, module in model.named_modules() if name.endswith("mlp.experts")})
     config = getattr(model, "config", None)
     return {
@@ -131,7 +133,8 @@ def paths_that_ran(model: Any, settings: Any, compiled: int) -> dict[str, Any]:
         "experts_implementation": getattr(config, "experts_implementation", None) if config is not None else None,
         "attention": getattr(config, "_attn_implementation", None) if config is not None else None,
         "compiled_layers": compiled,
-        "packing": settings.training.packing,
+        "method": settings.training.method,
+        "packing": uses_packing(settings),
         "distributed": settings.training.distributed,
     }
 

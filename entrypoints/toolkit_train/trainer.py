@@ -83,12 +83,18 @@ def use_compiled_layers(settings: TrainSettings) -> bool:
         return bool(wanted)
     t = settings.training
     gated = not settings.lora.target_parameters and settings.model.experts == "bf16" and t.distributed == "ddp"
-    return torch.cuda.is_available() and gated and t.packing and not use_checkpointing(settings)
+    return torch.cuda.is_available() and gated and uses_packing(settings) and not use_checkpointing(settings)
 
 
-def sft_config(settings: TrainSettings, paths: Paths):
+def uses_packing(settings: TrainSettings) -> bool:
+    """Packed micro-batches: SFT's (DPO's pairs train unpacked, whatever training.packing says)."""
+    return settings.training.packing and settings.training.method == "sft"
+
+
+def trainer_args(settings: TrainSettings, paths: Paths):
+    """The trainer's arguments: TRL's SFTConfig, or its DPOConfig (with the DPO loss) for training.method dpo."""
     import torch
-    from trl import SFTConfig
+    from trl import DPOConfig, SFTConfig
 
     from .model import compute_dtype
 
@@ -107,17 +113,22 @@ def sft_config(settings: TrainSettings, paths: Paths):
             "state_dict_type": "SHARDED_STATE_DICT",
             "cpu_ram_efficient_loading": loads_from_rank0(settings),  # ranks other than 0 hold a meta model
         }
-    if t.packing:  # one packed row per micro-batch; our collator and loss; columns the model does not take
+    packed = uses_packing(settings)
+    if packed:  # one packed row per micro-batch; our collator and loss; columns the model does not take
         extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
+    config_class: Any = SFTConfig
+    if t.method == "dpo":  # the reference: the same model with the adapter off (no second copy)
+        config_class = DPOConfig
+        extra.update(beta=t.dpo.beta, loss_type=[t.dpo.loss_type], precompute_ref_log_probs=False)
     split = settings.data.eval
     if split is not None and split.steps:  # and always once at the end (train())
         extra.update(eval_strategy="steps", eval_steps=split.steps)
     if split is not None:  # step 0: the base model's validation loss (LoRA starts as the identity), for toolkit eval
         extra.update(eval_on_start=True)
-    return SFTConfig(
+    return config_class(
         output_dir=str(paths.checkpoints),
-        per_device_train_batch_size=1 if t.packing else t.per_device_batch_size,
-        per_device_eval_batch_size=1 if t.packing else t.per_device_batch_size,
+        per_device_train_batch_size=1 if packed else t.per_device_batch_size,
+        per_device_eval_batch_size=1 if packed else t.per_device_batch_size,
         prediction_loss_only=True,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
@@ -248,14 +259,18 @@ def build_trainer(
 ) -> Any:
     """The SFT trainer of these settings: packed micro-batches with their collator and trainer class when
     training.packing is on, FSDP on CPU where asked, the test-only switches of the environment (faults.py).
-    args: the SFTConfig (default: sft_config's); subclass: a last wrapper of the trainer class (the bench's
+    args: the trainer's arguments (default: trainer_args'); subclass: a last wrapper of the trainer class (the bench's
     counters)."""
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTTrainer
 
     trainer_class: Any = SFTTrainer
     extra: dict[str, Any] = {}
-    if settings.training.packing:
+    if settings.training.method == "dpo":
+        trainer_class = preference_trainer_class()
+        log(f"DPO on {len(dataset)} chosen/rejected pairs (unpacked), beta {settings.training.dpo.beta}, "
+            f"loss {settings.training.dpo.loss_type}; the reference: the base model, adapter off")  # fmt: skip
+    elif settings.training.packing:
         from .model import attention_implementation
         from .packing import collate, packed_dataset, packed_trainer_class
 
@@ -277,7 +292,7 @@ def build_trainer(
         trainer_class = subclass(trainer_class)
     trainer = trainer_class(
         model=model,
-        args=args if args is not None else sft_config(settings, paths),
+        args=args if args is not None else trainer_args(settings, paths),
         train_dataset=dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
@@ -286,3 +301,16 @@ def build_trainer(
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
     return trainer
+
+
+def preference_trainer_class() -> type:
+    """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
+    rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
+    what vLLM serves gpt-oss with."""
+    from trl import DPOTrainer
+
+    class PreferenceTrainer(DPOTrainer):
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
+
+    return PreferenceTrainer

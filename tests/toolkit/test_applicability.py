@@ -45,6 +45,8 @@ SCOPE_WORDS = re.compile(
 EXAMPLES = {
     "training.fsdp_sharding": "hybrid_shard",
     "training.min_lr_rate": "0.2",
+    "training.packing": "false",
+    "training.dpo": "{beta: 0.2}",
     "training.mlflow": "{tracking_uri: 'http://127.0.0.1:5000'}",
     "training.mlflow.tracking_uri": "file:/tmp/mlruns",
     "training_job.max_wait_seconds": "172800",
@@ -86,6 +88,7 @@ APPLIES = {"model.id": "openai/gpt-oss-20b", ("model.experts_implementation", "m
 NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "training.mlflow": [],
          "training.tokens_per_micro_batch": ["training.per_device_batch_size=1"],  # the preset's 2 rows: not packed
          "training.per_device_batch_size": ["training.packing=true"],
+         ("training.tokens_per_micro_batch", "training.method"): ["training.per_device_batch_size=1"],
          ("model.dequantize_mxfp4", "model.experts"): [f"model.id={TINY_GPT_OSS_MXFP4}"],
          ("model.experts_implementation", "model.experts"): [f"model.id={TINY_GPT_OSS_MXFP4}"],
          "model.dequantize_mxfp4": ["serving.instance_type=ml.g6e.12xlarge"],  # the merged 20b fits its endpoint
@@ -179,7 +182,8 @@ def test_every_conditional_row_is_refused_through_the_cli(path, scope):
     """Set where it cannot apply: exit 2, one line with the field, where it applies, and what to do."""
     assert path in EXAMPLES, f"add an example value for {path} to EXAMPLES"
     needs = _needs(path, scope.on)
-    sets = [f"{path}={EXAMPLES[path]}", f"{scope.on}={_elsewhere(path, scope.on, scope.values)}", *needs]
+    sets = _rows_for_method([f"{path}={EXAMPLES[path]}", f"{scope.on}={_elsewhere(path, scope.on, scope.values)}",
+                             *needs])  # fmt: skip
     result = toolkit("config", "validate", "tiny-gpt-oss-local", *[a for s in sets for a in ("--set", s)])
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
@@ -191,8 +195,14 @@ def test_every_conditional_row_is_refused_through_the_cli(path, scope):
     applies = [f"{path}={EXAMPLES[path]}", f"{scope.on}={where}", *needs]
     if scope.on == "training.distributed":
         applies.append("lora.target_parameters=[]")  # fsdp with expert LoRA is its own rule
-    allowed = toolkit("config", "validate", "tiny-gpt-oss-local", *[a for s in applies for a in ("--set", s)])
+    allowed = toolkit("config", "validate", "tiny-gpt-oss-local",
+                      *[a for s in _rows_for_method(applies) for a in ("--set", s)])  # fmt: skip
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+
+
+def _rows_for_method(sets: list[str]) -> list[str]:
+    """DPO reads preference rows (settings.py: the method and data.format agree): with training.method=dpo, say so."""
+    return [*sets, "data.format=preference"] if "training.method=dpo" in sets else sets
 
 
 def _yaml_list(on: str, value) -> str:
@@ -233,7 +243,7 @@ def _built_from(config: Config) -> dict:
     settings = config.train_settings()
     captured: dict = {}
     with mock.patch.object(trl, "SFTConfig", lambda **kwargs: captured.update(kwargs) or captured):
-        trainer.sft_config(settings, Paths(*[Path("/nonexistent")] * 5))
+        trainer.trainer_args(settings, Paths(*[Path("/nonexistent")] * 5))
     return {
         "sft": captured,
         "checkpointing": trainer.use_checkpointing(settings),
@@ -378,6 +388,7 @@ TRAINING_OTHER = _prefixed("training", {
     "compile_layers": True, "seed": 7, "save_steps": 3, "save_total_limit": 5, "logging_steps": 2,
     "report_to": ["tensorboard"], "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}, "distributed": "fsdp",
     "fsdp_sharding": "hybrid_shard", "packing": True, "tokens_per_micro_batch": 2048, "merge_adapter": False,
+    "method": "dpo", "dpo.beta": 0.3, "dpo.loss_type": "ipo",
 })  # fmt: skip
 TRAINING_JOB_OTHER = _prefixed("training_job", {
     "instance_type": "ml.p4d.24xlarge", "instance_count": 2, "image_uri": "registry.example/train:1", "spot": True,

@@ -70,7 +70,7 @@ def test_a_bad_row_names_its_file_and_line(tmp_path):
 def test_rows_of_another_format_point_at_data_format(tmp_path):
     (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' * 3)
     result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
-    refused(result, "3 of 3 rows", "Check data.format (one of multilingual-thinking, messages)")
+    refused(result, "3 of 3 rows", "Check data.format (one of multilingual-thinking, messages, preference)")
 
 
 def test_a_row_left_without_trained_tokens_is_dropped_and_counted(tmp_path):

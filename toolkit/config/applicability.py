@@ -128,12 +128,27 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
     "training.num_epochs": Scope(
         "training.max_steps", (None,), "remove one of them", "max_steps ends the run whatever the epochs"
     ),
-    "training.tokens_per_micro_batch": Scope(
-        "training.packing",
-        (True,),
-        "remove it (where a base config sets it: --set training.tokens_per_micro_batch=null), or set "
-        "training.packing: true",
-        "unpacked micro-batches hold training.per_device_batch_size rows",
+    "training.tokens_per_micro_batch": (
+        Scope(
+            "training.packing",
+            (True,),
+            "remove it (where a base config sets it: --set training.tokens_per_micro_batch=null), or set "
+            "training.packing: true",
+            "unpacked micro-batches hold training.per_device_batch_size rows",
+        ),
+        DPO_UNPACKED := Scope(
+            "training.method",
+            ("sft",),
+            "remove it: DPO batches training.per_device_batch_size pairs",
+            "DPO's pairs train unpacked",
+        ),
+    ),
+    "training.packing": DPO_UNPACKED,
+    "training.dpo": Scope(
+        "training.method",
+        ("dpo",),
+        "remove it, or set training.method: dpo",
+        "supervised fine-tuning has no preference loss",
     ),
     "training.per_device_batch_size": Scope(
         "training.tokens_per_micro_batch",
