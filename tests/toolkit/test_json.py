@@ -29,8 +29,10 @@ def test_every_result_verb_prints_its_model_as_json(aws_env, tmp_path):
     config.write_text(f"base: tiny-gpt-oss-local\naws: {{role: '{aws_env['role']}', bucket: {aws_env['bucket']}}}\n"
                       "serving: {instance_type: ml.g4dn.xlarge}\n")  # fmt: skip
     state = run_json("jobs", "status", job, "-c", str(config), "--target", "training-job")
-    assert state == {"name": job, "status": "Completed", "detail": state["detail"], "artifacts": state["artifacts"]}
+    assert state == {"name": job, "status": "Completed", "detail": state["detail"], "artifacts": state["artifacts"],
+                     "metrics": state["metrics"]}  # fmt: skip
     assert state["artifacts"]["model"].endswith(f"/{job}/output/model/")
+    assert state["metrics"] == {"train:progress": 100.0}  # the job's FinalMetricDataList, as moto completes it
     registered = run_json("register", str(config), "--image-uri", IMAGE, "--approve")
     assert set(registered) == {f.name for f in fields(Registration)} and registered["status"] == "Approved"
     assert registered["version"] == 1 and registered["report"] is None  # no eval report: --approve decided

@@ -190,7 +190,7 @@ class SlurmJob(Job):
             )
         state = "UNKNOWN"
         for field in shown.stdout.split():
-            if field.startswith("Run="):
+            if field.startswith("JobState="):
                 state = field.split("=", 1)[1]
         status = STATES.get(state, Status.PENDING)
         failure = RunTree(self.root).failure
