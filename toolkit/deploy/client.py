@@ -56,30 +56,44 @@ class ReplyAssembler:
     def __init__(self, deltas: Iterable[Delta] = ()) -> None:
         self._deltas = deltas
         self._parts = {"reasoning": "", "content": ""}
+        self._shown = {"reasoning": 0, "content": 0}  # characters of each part shown so far
         self._calls: dict[int, dict] = {}
         self._finish = ""
 
     def __iter__(self) -> Iterator[Shown]:
         for delta in self._deltas:
-            shown = self.add(delta)
-            if shown is not None:
-                yield shown
+            yield from self.add(delta)
+        yield from self._rest()
 
-    def add(self, delta: Delta) -> Shown | None:
-        """Take one delta; what of it to show now, or None (a tool call's piece, the finish reason, held-back
-        markup)."""
+    def add(self, delta: Delta) -> list[Shown]:
+        """Take one delta; what of it to show now (none for a tool call's piece, the finish reason, held-back
+        markup). A part's text that may be the start of a harmony token split across deltas (`<|chan`) waits
+        for the next delta: shown once it is plain text, never once it is a token."""
         if delta.kind == "finish":
             self._finish = delta.text
-            return None
+            return []
         if delta.kind == "tool_call":
             call = self._calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
             call["name"] += delta.name
             call["arguments"] += delta.text
-            return None
-        shown = len(before_markup(self._parts[delta.kind]))  # raw harmony tokens and what follows stay unshown
+            return []
         self._parts[delta.kind] += delta.text
-        text = before_markup(self._parts[delta.kind])[shown:]
-        return Shown(delta.kind, text, opens=not shown) if text else None
+        visible = before_markup(self._parts[delta.kind])
+        if len(visible) == len(self._parts[delta.kind]):  # no token yet: hold back a tail that may begin one
+            visible = visible[: PARTIAL_TOKEN.search(visible).start()]  # type: ignore[union-attr]
+        return self._show(delta.kind, visible)
+
+    def _rest(self) -> list[Shown]:
+        """The stream ended: a held-back tail that never became a token is text."""
+        parts: tuple[Literal["reasoning", "content"], ...] = ("reasoning", "content")
+        return [shown for kind in parts for shown in self._show(kind, before_markup(self._parts[kind]))]
+
+    def _show(self, kind: Literal["reasoning", "content"], visible: str) -> list[Shown]:
+        before = self._shown[kind]
+        if len(visible) <= before:
+            return []
+        self._shown[kind] = len(visible)
+        return [Shown(kind, visible[before:], opens=not before)]
 
     def reply(self) -> ChatReply:
         return ChatReply(self._parts["content"], self._parts["reasoning"], self._finish, {},
@@ -113,6 +127,7 @@ def messages_for(question: str, reasoning_language: str | None = None, system: s
 
 
 SPECIAL_TOKEN = re.compile(r"<\|[a-z_0-9]+\|>")  # harmony's <|start|>, <|channel|>, <|reserved_200502|>, ...
+PARTIAL_TOKEN = re.compile(r"(<(\|[a-z_0-9]*\|?)?)?$")  # the end of a text that may begin a token (or nothing)
 
 
 def reply_problems(reply: ChatReply) -> list[str]:
