@@ -81,14 +81,14 @@ def test_a_pair_is_its_served_prompt_and_each_reply_as_training_renders_it(tmp_p
 
 
 def test_dpo_trains_from_the_base_as_reference_and_merges(tmp_path):
-    source = write_rows(tmp_path / "pairs.jsonl", preference_rows(16))
-    root = lay_out(tmp_path / "run", dpo(source, "training.max_steps=8", "training.save_steps=0",
+    source = write_rows(tmp_path / "pairs.jsonl", preference_rows(8))
+    root = lay_out(tmp_path / "run", dpo(source, "training.max_steps=6", "training.save_steps=0",
                                          "training.learning_rate=1e-2"))  # fmt: skip
     result = run_entrypoint(root)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "DPO on 16 chosen/rejected pairs (unpacked), beta 0.1, loss sigmoid" in result.stdout
+    assert "DPO on 8 chosen/rejected pairs (unpacked), beta 0.1, loss sigmoid" in result.stdout
     curve = losses(result.stdout)
-    assert len(curve) == 8
+    assert len(curve) == 6
     # the first step: policy == reference, so DPO's loss is -log(sigmoid(0)) = 0.6931, plus the router's
     # load-balancing loss at the model's own coefficient (as SFT adds it): small, never negative
     assert 0.6931 <= curve[0] < 0.70, curve
