@@ -56,6 +56,19 @@ def emit_json(result) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
+def emit_rows(rows: list, columns: tuple[str, ...], as_json: bool) -> None:
+    """A list verb's SDK rows (dataclasses): JSON objects, or a table of these fields in this order."""
+    if as_json:
+        emit_json([dataclasses_dict(row) for row in rows])
+        return
+    from rich.table import Table
+
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(getattr(row, column) for column in columns))
+    out.print(table)
+
+
 def non_interactive() -> bool:
     """No prompts and no live displays without a terminal, or under CI (CI=true/1, as CI systems set it)."""
     import os

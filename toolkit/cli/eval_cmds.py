@@ -19,8 +19,8 @@ from toolkit.cli.common import (
     app,
     config_first,
     confirm,
-    dataclasses_dict,
     emit_json,
+    emit_rows,
     err,
     fail,
     group,
@@ -140,18 +140,9 @@ def _config(source: str | None, alias: str | None) -> str:
 @endpoint_app.command("list")
 def endpoint_list(source: ConfigFirst = None, config: ConfigAlias = None, as_json: JsonOpt = False) -> None:
     """Endpoints in the config's account and region, newest first."""
-    from rich.table import Table
-
     from toolkit import sdk
 
-    endpoints = sdk.list_endpoints(load(_config(source, config), None))
-    if as_json:
-        emit_json([dataclasses_dict(item) for item in endpoints])
-        return
-    table = Table("name", "status", "modified")
-    for item in endpoints:
-        table.add_row(item.name, item.status, item.modified)
-    out.print(table)
+    emit_rows(sdk.list_endpoints(load(_config(source, config), None)), ("name", "status", "modified"), as_json)
 
 
 @endpoint_app.command("describe")

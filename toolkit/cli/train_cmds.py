@@ -17,8 +17,8 @@ from toolkit.cli.common import (
     TrainTarget,
     app,
     config_first,
-    dataclasses_dict,
     emit_json,
+    emit_rows,
     err,
     fail,
     group,
@@ -254,17 +254,8 @@ def jobs_list(
     source: ConfigFirst = None, config: ConfigAlias = None, target: TargetOpt = None, as_json: JsonOpt = False
 ) -> None:
     """Recent jobs of a target (training-job keeps a list), newest first."""
-    from rich.table import Table
-
     from toolkit import sdk
 
     (source,) = config_first((source,), config)
     assert source is not None
-    jobs = sdk.list_jobs(load(source, None), target)
-    if as_json:
-        emit_json([dataclasses_dict(job) for job in jobs])
-        return
-    table = Table("name", "status", "created")
-    for job in jobs:
-        table.add_row(job.name, job.status, job.created)
-    out.print(table)
+    emit_rows(sdk.list_jobs(load(source, None), target), ("name", "status", "created"), as_json)
