@@ -188,8 +188,15 @@ def compiled_packed_gate(config, device, rows) -> dict:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if compiled:
             compile_packed_layers(model)
+        started = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
             result = _fast_grads(model, rows, device)
+        print(
+            f"compiled gate: compiled={compiled} gc={checkpointing} autocast={autocast} loss={result[0]:.6f} "
+            f"in {time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         del model
         gc.collect()  # the first run of this gate ran out of memory on an 80 GB H100: free each model (and trainer)
         torch.cuda.empty_cache()
@@ -739,6 +746,12 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     if name == "mxfp4-gate":
         return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
+    if name == "mxfp4-compiled-gate":  # the compiled part of mxfp4-gate alone (the whole gate ran past one call)
+        config = gpt_oss_config(args.tiny, layers=2)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        result = compiled_packed_gate(config, device, synthetic_rows(3, 600, config.vocab_size, seed=1))
+        return {"name": name, **result, "passed": result["compiled_passed"]}
     if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
     base_name = name.removesuffix(PEFT_CAST_SUFFIX)
@@ -873,7 +886,7 @@ def run_all(args) -> None:
                      "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
     rows = []
     for name in args.variants.split(","):
-        if name in ("gate", "moe-block", "mxfp4-gate") and world > 1:
+        if name in ("gate", "moe-block", "mxfp4-gate", "mxfp4-compiled-gate") and world > 1:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), "--gpu-memory-gb", str(args.gpu_memory_gb),
@@ -896,6 +909,8 @@ def run_all(args) -> None:
             results["moe_block"] = result
         elif name == "mxfp4-gate":
             results["mxfp4_correctness"] = result
+        elif name == "mxfp4-compiled-gate":
+            results["mxfp4_compiled_correctness"] = result
         else:
             rows.append(result)
     baselines = {r["name"]: r for r in rows if r["name"] in ("recipe", "recipe-experts") and "tokens_per_s" in r}
