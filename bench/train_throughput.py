@@ -747,6 +747,9 @@ def run_one(name: str, args, device, dtype) -> dict:
     if name == "mxfp4-gate":
         return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
     if name == "mxfp4-compiled-gate":  # the compiled part of mxfp4-gate alone (the whole gate ran past one call)
+        from toolkit_train.moe import register
+
+        register()  # the packed model asks for toolkit_fused by the second build; the whole gate registers it earlier
         config = gpt_oss_config(args.tiny, layers=2)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
