@@ -303,13 +303,32 @@ def build_trainer(
     return trainer
 
 
+REFERENCE_COPY = "ref"  # the adapter TRL's DPOTrainer adds to a model that comes to it with one
+
+
 def preference_trainer_class() -> type:
     """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
     rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
-    what vLLM serves gpt-oss with."""
+    what vLLM serves gpt-oss with.
+
+    The reference is the base with the adapter switched off. TRL 1.16, handed a model that is a PEFT model already
+    (model.add_lora: seeded, packed MXFP4 experts), takes it for one re-training an existing adapter and adds a frozen
+    copy of it, "ref", as the reference: the fresh adapter's copy (lora_B = 0), the base's outputs computed through
+    a second set of LoRA layers, saved into every checkpoint and into model/adapter (a `ref/` folder beside the
+    adapter) and, on resume, loaded back from the checkpoint. It is deleted here, once TRL made it: without it TRL's
+    reference forward runs under `disable_adapter()` (trl.trainer.utils.use_adapter(model, None)), the base itself,
+    the same on a resumed run as on the first (tests/toolkit_train/test_dpo.py: the resumed losses equal the
+    uninterrupted run's)."""
     from trl import DPOTrainer
 
     class PreferenceTrainer(DPOTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            model: Any = self.model  # the PeftModel (wrapped by accelerate only once training starts)
+            adapters = getattr(model, "peft_config", {})
+            if REFERENCE_COPY in adapters and len(adapters) > 1:
+                model.delete_adapter(REFERENCE_COPY)  # frozen, never active: the trained one is untouched
+
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return dataset
 
