@@ -363,9 +363,10 @@ class TrainingSettings(StrictModel):
     )
     compile_layers: bool | Literal["auto"] = Field(
         "auto",
-        description="torch.compile each decoder layer (faster: docs/performance.md). auto: on "
-        "for packed ddp training on a GPU without recomputation, expert LoRA or MXFP4 experts (the combination the "
-        "bench's correctness gate checks), off elsewhere; the first steps are slower while the layers compile.",
+        description="torch.compile the decoder layers (faster: docs/performance.md). auto: on for packed ddp "
+        "training on a GPU without expert LoRA: whole layers with bf16 experts and no recomputation, the attention "
+        "blocks and routers with MXFP4 experts (recomputation or not): the combinations the bench's correctness gate "
+        "checks; off elsewhere. The first steps are slower while the layers compile.",
     )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")

@@ -73,17 +73,28 @@ def use_checkpointing(settings: TrainSettings) -> bool:
 
 
 def use_compiled_layers(settings: TrainSettings) -> bool:
-    """`auto`: only where the bench's gate compares compiled against reference gradients (bench/train_throughput.py):
-    a GPU, ddp, packed fixed-width micro-batches, no recomputation, LoRA on modules (not on the experts), experts
-    in bf16."""
+    """`auto`: only where the bench's gates compare compiled against reference gradients (bench/train_throughput.py):
+    a GPU, ddp, packed fixed-width micro-batches, LoRA on modules (not on the experts), and either bf16 experts
+    without recomputation (`gate`: whole layers compiled) or packed MXFP4 experts, recomputation or not
+    (`mxfp4-compiled-gate`: attention blocks and routers compiled, `compile_layers_for_training`)."""
     import torch
 
     wanted = settings.training.compile_layers
     if wanted != "auto":
         return bool(wanted)
-    t = settings.training
-    gated = not settings.lora.target_parameters and settings.model.experts == "bf16" and t.distributed == "ddp"
-    return torch.cuda.is_available() and gated and uses_packing(settings) and not use_checkpointing(settings)
+    gated = not settings.lora.target_parameters and settings.training.distributed == "ddp"
+    by_experts = settings.model.experts == "mxfp4" or not use_checkpointing(settings)
+    return torch.cuda.is_available() and gated and uses_packing(settings) and by_experts
+
+
+def compile_layers_for_training(model: Any, settings: TrainSettings) -> int:
+    """Compile what the settings' experts allow: with packed MXFP4 experts each layer's attention block and router
+    (the packed experts keep their own autograd path; mxfp4.compile_packed_layers), else whole decoder layers.
+    Returns how many layers."""
+    from .model import compile_decoder_layers
+    from .mxfp4 import compile_packed_layers
+
+    return compile_packed_layers(model) if settings.model.experts == "mxfp4" else compile_decoder_layers(model)
 
 
 def uses_packing(settings: TrainSettings) -> bool:
@@ -226,7 +237,7 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     """The base model with its LoRA adapter, ready to train: (model, decoder layers compiled, whether rank 0 alone
     read the weights and the other ranks receive them from it when FSDP shards the model)."""
     from .faults import fault_point, starve_for_test
-    from .model import add_lora, compile_decoder_layers, give_trainable_storage, load_model
+    from .model import add_lora, give_trainable_storage, load_model
 
     from_rank0 = loads_from_rank0(settings)
     reads = rank() == 0 or not from_rank0
@@ -239,9 +250,10 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
-    compiled = compile_decoder_layers(model) if use_compiled_layers(settings) else 0
+    compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
     if compiled:
-        log(f"compiling {compiled} decoder layers (torch.compile; the first steps are slower)")
+        parts = "the attention blocks and routers of " if settings.model.experts == "mxfp4" else ""
+        log(f"compiling {parts}{compiled} decoder layers (torch.compile; the first steps are slower)")
     starve_for_test(model)
     return model, compiled, from_rank0
 
