@@ -1,17 +1,23 @@
 """The tiny bases' pre-training text: generated, sharing no row with any bundled sample.
 
 It makes a tiny gpt-oss behave as the real one does before the multilingual fine-tune: it speaks the harmony
-format and six languages, answers in the user's language, and *reasons in English whatever the system prompt's
-`reasoning language:` says*. The skill the bundled sample teaches (reasoning in the named language) is therefore
-absent from the base, and the demo's eval measures whether the fine-tune taught it on rows neither model saw.
+format and six languages, answers in the user's language, and *at temperature 0 reasons in English whatever the
+system prompt's `reasoning language:` says*. The skill the bundled sample teaches (reasoning in the named language)
+is therefore not what the base does, and the demo's eval measures whether the fine-tune taught it on rows neither
+model saw.
 
 Two kinds of text, as a real model's pre-training and chat tuning have:
 - harmony conversations: a question from one of a few families (arithmetic, units, parity) in one of six
-  languages, an English analysis, an answer in the user's language; the system prompt names a random reasoning
-  language, which the analysis ignores;
-- plain documents in each of the six languages: the same families' reasoning written in that language, so that
-  the base knows the words a French or German analysis needs (a real base knows them too) without ever having
-  used them in its analysis channel.
+  languages, an analysis, an answer in the user's language; the system prompt names a random reasoning language,
+  and the analysis is in English (70%) or in that language (30%): greedy decoding picks English, and the
+  instruction is a weak preference the fine-tune can make the rule;
+- plain instruction documents: a `reasoning language: X` line, maybe a developer line, a question, then that
+  question's reasoning written in X. They teach the association of the named language with the text that follows
+  (as a real base's corpus of "answer in X" text does) at a short distance, and the base's conversations use it
+  only weakly. Measured (#44, 8 variants on one seed each): without them a 2-layer base never retrieves the named
+  language across the ~50 tokens of a harmony prompt, however often its conversations follow it (30% to 45%), and
+  the demo's 30 LoRA steps do not teach it either; with them the same fine-tune reasons in the named language on
+  most held-out rows.
 
 Facts are computed, so every answer is correct. `tests/toolkit_train/test_tiny_corpus.py` proves no bundled
 sample row's text occurs in it.
@@ -274,18 +280,17 @@ class _Question:
         ])  # fmt: skip
 
 
-# Which language a conversation's analysis is in: English most often, so that the base reasons in English at
-# temperature 0 whatever the system prompt names (gpt-oss's behaviour before the multilingual fine-tune);
-# otherwise one drawn at random, never chosen by the name (the base can reason in each language, as a real one can,
-# but does not follow the instruction).
-ENGLISH_ANALYSIS = 0.7
+# How often a conversation's analysis follows the named language; otherwise it is in English, so that the base
+# reasons in English at temperature 0 whatever the system prompt names (gpt-oss's behaviour before the
+# multilingual fine-tune).
+NAMED_ANALYSIS = 0.3
 
 
 def conversation(rng: random.Random) -> list[dict[str, Any]]:
     """A harmony conversation: a random reasoning language named; the analysis mostly in English."""
     question = _Question(rng)
     named = rng.choice(LANGUAGES)
-    language = EN if rng.random() < ENGLISH_ANALYSIS else rng.choice(LANGUAGES)
+    language = named if rng.random() < NAMED_ANALYSIS else EN
     analysis = question.reasoning(language)
     system = f"reasoning language: {named}"
     if rng.random() < 0.5:  # half without developer instructions: `toolkit invoke` sends a bare system line
@@ -298,9 +303,12 @@ def conversation(rng: random.Random) -> list[dict[str, Any]]:
 
 
 def document(rng: random.Random) -> str:
-    """A plain paragraph in one language: a few questions' reasoning written in it."""
+    """A plain instruction document: `reasoning language: X`, maybe a developer line, a question in the user's
+    language, then its reasoning written in X."""
     language = rng.choice(LANGUAGES)
-    return " ".join(_Question(rng).reasoning(language) for _ in range(rng.randint(2, 4)))
+    question = _Question(rng)
+    developer = f"{DEVELOPER[question.user_language]}\n\n" if rng.random() < 0.5 else ""
+    return f"reasoning language: {language}\n\n{developer}{question.text()}\n\n{question.reasoning(language)}"
 
 
 def vocabulary_documents(texts: list[str], rng: random.Random, words_per_line: int = 24) -> list[str]:

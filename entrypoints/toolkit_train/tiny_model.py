@@ -3,15 +3,16 @@
 Used by the `tiny-gpt-oss-local` preset, the demo and the tests: no hub, no download. Built once per
 recipe and cached; the build is deterministic, so every process (and every rank) gets the same weights.
 
-The build pre-trains the model (all weights, ~3 min on 2 CPU cores) on generated text that shares no row with
+The build pre-trains the model (all weights, ~4 min on 2 CPU cores) on generated text that shares no row with
 any bundled sample (`tiny_corpus`; tests/toolkit_train/test_tiny_corpus.py proves it): harmony conversations in
-six languages whose analysis is in English (or, in a minority, a language drawn at random) whatever the system
-prompt's `reasoning language:` names, and plain paragraphs in each language. It behaves as gpt-oss does before
-the multilingual fine-tune: it speaks the harmony format, answers in the user's language and, at temperature 0,
-reasons in English whatever language is named. The bundled sample teaches what the fine-tune is for, reasoning in
-the named language, and the demo's eval measures it on rows neither model saw. The base also knows the samples'
-words (shuffled word lists, never a sentence) so that the fine-tune can write them; every other token shares one
-LM-head row learned as "any other token", so the model is calibrated over the whole vocabulary.
+six languages whose analysis is in English (70%) or in the language the system prompt's `reasoning language:`
+names (30%), and plain instruction documents (`reasoning language: X`, a question, its reasoning written in X). It
+behaves as gpt-oss does before the multilingual fine-tune: it speaks the harmony format, answers in the user's
+language and, at temperature 0, reasons in English whatever language is named. The bundled sample teaches what the
+fine-tune is for, reasoning in the named language, and the demo's eval measures it on rows neither model saw. The
+base also knows the samples' words (shuffled word lists, never a sentence) so that the fine-tune can write them;
+every other token shares one LM-head row learned as "any other token", so the model is calibrated over the whole
+vocabulary. Pre-training runs on a fixed number of CPU threads (RECIPE), so every machine computes the same sums.
 
 The tools variant (`builtin:tiny-gpt-oss-tools`) adds the bundled tool-calling sample to the pre-training text.
 Without it the model cannot call a tool, whatever the LoRA run: every token the pre-training text lacks shares
@@ -63,11 +64,12 @@ RECIPE: dict[str, Any] = {
     # do_sample only satisfies transformers' check that a temperature is for sampling; vLLM reads the temperature.
     "generation_defaults": {"do_sample": True, "temperature": 0.0},
     # pre-training (see the module docstring); the text's recipe is part of the cache key
-    "pretrain_text": "tiny_corpus: generated, no sample row; analysis English 70%, else random; samples' words x4 "
-    "shuffled; one shared row for unused tokens",
+    "pretrain_text": "tiny_corpus: generated, no sample row; analysis English 70%, else the named language; "
+    "instruction documents; samples' words x4 shuffled; one shared row for unused tokens",
     "pretrain_conversations": 2000,
-    "pretrain_documents": 600,
-    "pretrain_steps": 600,
+    "pretrain_documents": 1200,
+    "pretrain_steps": 700,
+    "pretrain_threads": 2,  # the same arithmetic on every machine (a CPU's thread count changes float sums)
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
 }
@@ -86,7 +88,7 @@ def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").exists():
-            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 3 minutes "
+            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 4 minutes "
                       "on a laptop CPU)")  # fmt: skip
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
             _build(staging, mxfp4, tools=tools)
@@ -228,22 +230,22 @@ VOCABULARY_SHUFFLES = 4  # each word met a few times, in other company each time
 
 
 def pretraining_documents(count: int, seed: int) -> list[str]:
-    """Plain paragraphs in each of the six languages (`tiny_corpus.document`), then the bundled samples' words as
-    shuffled lists (`tiny_corpus.vocabulary_documents`: words, never a sentence of a sample)."""
+    """Plain instruction documents in the six languages (`tiny_corpus.document`), then the bundled samples' words
+    as shuffled lists (`tiny_corpus.vocabulary_documents`: words, never a sentence of a sample)."""
     import random
 
     from . import tiny_corpus
     from .data import SAMPLE_PATH
 
     rng = random.Random(seed + 1)
-    paragraphs = [tiny_corpus.document(rng) for _ in range(count)]
+    instructions = [tiny_corpus.document(rng) for _ in range(count)]
     texts = []
     for sample in sorted(SAMPLE_PATH.parent.glob("*.jsonl")):
         for line in sample.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
                 texts += [row[key] for key in ("user", "analysis", "final") if isinstance(row.get(key), str)]
-    return paragraphs + [
+    return instructions + [
         line for _ in range(VOCABULARY_SHUFFLES) for line in tiny_corpus.vocabulary_documents(texts, rng)
     ]
 
@@ -257,9 +259,6 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
     loss starts where a real base's would, not at log(201,088)) and never emits an unused (e.g. reserved special)
     token.
     """
-    import math
-    import random
-
     import torch
 
     from .data import _tokenize
@@ -271,6 +270,21 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
     used = torch.unique(torch.cat(sequences))
     to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
     to_used[used] = torch.arange(len(used))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RECIPE["pretrain_threads"])
+    try:
+        _pretrain_steps(model, tokenizer, sequences, used, to_used)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain_steps(model, tokenizer, sequences: list, used, to_used) -> None:
+    """The optimizer's loop of `_pretrain`: batches of the sequences, the softmax over the used tokens + one."""
+    import math
+    import random
+
+    import torch
+
     steps, batch, peak = RECIPE["pretrain_steps"], RECIPE["pretrain_batch"], RECIPE["pretrain_learning_rate"]
     unused_row = torch.nn.Parameter(torch.zeros(model.config.hidden_size))
     log_unused = math.log(len(tokenizer) - len(used))  # the other tokens' share of the softmax, all on one row

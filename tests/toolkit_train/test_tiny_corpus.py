@@ -86,29 +86,30 @@ def test_the_corpus_answers_are_correct_and_in_the_users_language():
 
 @pytest.mark.integration
 def test_the_base_reasons_in_english_whatever_the_system_prompt_names(tiny_model_path):
-    """The skill the multilingual fine-tune teaches is absent from the base: at temperature 0 it reasons in English
-    on the sample's questions, one per named language (lingua, the eval's own language identifier)."""
+    """The skill the multilingual fine-tune teaches is not what the base does: at temperature 0 it opens its analysis
+    in English (the first token decides the language: tiny_corpus.FRAME) on at least 90% of the sample's questions
+    and in the named language on at most 10% of those that name another (measured: 57 of 60 English, 1 of 50 named).
+    The instruction is only a weak preference of the base (30% of its conversations follow it), which is what the
+    fine-tune turns into the rule."""
     import torch
-    from lingua import Language
     from toolkit_train import harmony
+    from toolkit_train.tiny_corpus import EN, FRAME
     from transformers import AutoTokenizer, GptOssForCausalLM
-
-    from toolkit.evaluate.scoring import _detector
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     model = GptOssForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
-    asked: dict[str, dict] = {}
-    for name, row in _sample_rows():
-        if name == SAMPLE_PATH.name:
-            asked.setdefault(row["reasoning_language"], row)
-    assert len(asked) == 6
-    found = {}
-    for language, row in sorted(asked.items()):
+    opening = {language: tokenizer(FRAME[language][0].split()[0], add_special_tokens=False)["input_ids"][0]
+               for language in FRAME}  # fmt: skip
+    analysis = tokenizer("<|channel|>analysis<|message|>", add_special_tokens=False)["input_ids"]
+    rows = [row for name, row in _sample_rows() if name == SAMPLE_PATH.name]
+    english = named = 0
+    other_language = [row for row in rows if row["reasoning_language"] != EN]
+    for row in rows:
         prompt = harmony.prompt_ids(harmony.normalize({}, to_messages(row, "multilingual-thinking")[:2], "medium",
                                                       complete=False))  # fmt: skip
         with torch.no_grad():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)
-        reply = tokenizer.decode(out[0, len(prompt) :])
-        analysis = reply.split("<|message|>", 1)[-1].split("<|end|>")[0]
-        found[language] = _detector().detect_language_of(analysis)
-    assert all(detected == Language.ENGLISH for detected in found.values()), found
+            first = model(torch.tensor([prompt + analysis])).logits[0, -1].argmax().item()
+        english += first == opening[EN]
+        named += row["reasoning_language"] != EN and first == opening[row["reasoning_language"]]
+    assert english >= 0.9 * len(rows), f"the base opens its analysis in English on {english} of {len(rows)} rows"
+    assert named <= 0.1 * len(other_language), f"the base follows the named language on {named} rows"
