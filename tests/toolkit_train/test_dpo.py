@@ -6,10 +6,13 @@ in the language the system prompt asks for, the rejected one reasoning in anothe
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.toolkit_train.helpers import lay_out, losses, run_entrypoint
+from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out, losses
 
 pytestmark = pytest.mark.integration
 
@@ -80,23 +83,89 @@ def test_a_pair_is_its_served_prompt_and_each_reply_as_training_renders_it(tmp_p
     assert "line 4: chosen and rejected are the same reply" in message
 
 
-def test_dpo_trains_from_the_base_as_reference_and_merges(tmp_path):
+def steps(stdout: str) -> dict[int, str]:
+    """Each logged step's loss and gradient norm as the run printed them (`[metrics] step=N/M loss=.. grad_norm=..`)."""
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("[metrics] step="):
+            fields = dict(pair.split("=", 1) for pair in line.split()[1:])
+            found[int(fields["step"].split("/")[0])] = f"loss={fields['loss']} grad_norm={fields['grad_norm']}"
+    return found
+
+
+def adapter_tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def entrypoint(root, fault: str | None = None, sigterm_at: str | None = None) -> tuple[int, str]:
+    """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (faults.py, as
+    test_faults.py kills SFT runs); sigterm_at: SIGTERM once this line appears (spot, scancel, StopTrainingJob)."""
+    from toolkit_train.faults import FAULT_POINT_ENV
+
+    env = {**entrypoint_env(root), **({FAULT_POINT_ENV: fault} if fault else {})}
+    process = subprocess.Popen(
+        [sys.executable, str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if sigterm_at is not None and sigterm_at in line:
+            process.send_signal(signal.SIGTERM)
+            sigterm_at = None
+    return process.wait(timeout=600), "".join(seen)
+
+
+def test_dpo_killed_then_stopped_resumes_each_time_with_the_base_as_reference_and_merges(tmp_path):
+    """The one trained DPO run of the suite, 6 steps over three processes of the same command: SIGKILLed inside its
+    step-4 save (adapter and optimizer written, the rest not), it resumes from checkpoint-2, not from step 0; stopped
+    there by SIGTERM, it checkpoints step 3 and exits 143; the third resumes from checkpoint-3, finishes and merges.
+    The kill's half-saved checkpoint-4 (set aside, never resumed from) holds the adapter of the run uninterrupted up
+    to step 4: the resumed run's checkpoint-4 equals it exactly (as SFT's fault tests: max difference 0.0), and steps
+    3-4 log the uninterrupted run's loss and gradient norm: the resumes restored the adapter, the optimizer, the data
+    order and the reference (the base, adapter off: a reference reloaded as the trained adapter would make step 3's
+    loss 0.693 again)."""
     source = write_rows(tmp_path / "pairs.jsonl", preference_rows(8))
-    root = lay_out(tmp_path / "run", dpo(source, "training.max_steps=6", "training.save_steps=0",
-                                         "training.learning_rate=1e-2"))  # fmt: skip
-    result = run_entrypoint(root)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "DPO on 8 chosen/rejected pairs (unpacked), beta 0.1, loss sigmoid" in result.stdout
-    curve = losses(result.stdout)
-    assert len(curve) == 6
+    settings = ["training.max_steps=6", "training.save_steps=2", "training.per_device_batch_size=1"]
+    root = lay_out(tmp_path / "run", dpo(source, *settings, "training.learning_rate=1e-2"))
+    saved = root / "checkpoints"
+    code, killed = entrypoint(root, fault="checkpoint-save-4")
+    assert code == -signal.SIGKILL and "fault point checkpoint-save-4: killing the run" in killed, killed[-3000:]
+    assert "DPO on 8 chosen/rejected pairs (unpacked), beta 0.1, loss sigmoid" in killed
+    first = losses(killed)
+    assert len(first) == 4
     # the first step: policy == reference, so DPO's loss is -log(sigmoid(0)) = 0.6931, plus the router's
     # load-balancing loss at the model's own coefficient (as SFT adds it): small, never negative
-    assert 0.6931 <= curve[0] < 0.70, curve
+    assert 0.6931 <= first[0] < 0.70, first
+    assert sorted(p.name for p in saved.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # 4: half saved
+
+    code, stopped = entrypoint(root, sigterm_at="resuming from")
+    assert code == 143 and "stopped by SIGTERM at step 3" in stopped, stopped[-3000:]
+    assert f"skipping {saved / 'checkpoint-4'}: its save did not finish" in stopped
+    assert f"resuming from {saved / 'checkpoint-2'}" in stopped
+    assert not (root / "model" / "adapter").exists()
+
+    code, finished = entrypoint(root)
+    assert code == 0, finished[-3000:]
+    assert f"resuming from {saved / 'checkpoint-3'}" in finished
+    before, after = steps(killed), {**steps(stopped), **steps(finished)}
+    assert sorted(steps(stopped)) == [3] and sorted(steps(finished)) == [4, 5, 6]
+    assert [after[3], after[4]] == [before[3], before[4]], (before, after)
+    uninterrupted, ours = adapter_tensors(saved / "checkpoint-4.incomplete"), adapter_tensors(saved / "checkpoint-4")
+    assert ours.keys() == uninterrupted.keys()
+    assert max(float((ours[k] - uninterrupted[k]).abs().max()) for k in ours) == 0.0
+    curve = first[:3] + losses(finished)
     assert min(curve[-3:]) < curve[0] - 0.05, curve  # it prefers the chosen replies more than the base did
+
     run = json.loads((root / "model" / "run.json").read_text())
+    assert run["global_step"] == 6
     assert run["trained"]["paths"]["method"] == "dpo" and run["trained"]["paths"]["packing"] is False
     assert (root / "model" / "adapter" / "adapter_model.safetensors").is_file()
     assert (root / "model" / "merged" / "config.json").is_file()
+    # the reference is no adapter of its own: TRL's frozen "ref" copy is not saved (trainer.preference_trainer_class)
+    assert not [p for p in [*saved.rglob("ref"), *(root / "model").rglob("ref")] if p.is_dir()]
 
 
 def test_eval_says_plainly_that_scoring_a_dpo_run_is_not_built():
@@ -119,3 +188,41 @@ def test_the_method_and_the_rows_must_agree():
         load_config("tiny-gpt-oss-local", ["data.format=preference", "data.source=p.jsonl"])
     with pytest.raises(ConfigError, match="a preference pair is not truncated"):
         load_config("tiny-gpt-oss-local", dpo("p.jsonl", "data.overlong=truncate"))
+
+
+def test_bad_pairs_and_a_method_without_pairs_exit_2_through_the_cli(tmp_path):
+    """What a user meets first: `toolkit data prepare` names every bad pair by line in one line (exit 2, no
+    traceback): the same reply twice, an empty rejected reply, no prompt, a prompt that already holds the reply;
+    and a DPO config over conversation rows is refused before anything is rendered."""
+    from typer.testing import CliRunner
+
+    from toolkit.cli import app
+
+    user = [{"role": "user", "content": "hi"}]
+    bad = [
+        *preference_rows(1),
+        {"messages": user, "chosen": "same", "rejected": "same"},
+        {"messages": user, "chosen": "a", "rejected": ""},
+        {"messages": user, "chosen": "a", "rejected": {"content": "", "reasoning": ""}},
+        {"chosen": "a", "rejected": "b"},
+        {"messages": [*user, {"role": "assistant", "content": "a"}], "chosen": "a", "rejected": "b"},
+    ]
+    source = write_rows(tmp_path / "pairs.jsonl", bad)
+    result = CliRunner().invoke(app, ["data", "prepare", "tiny-gpt-oss-dpo", "--set", f"data.source={source}"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    (error,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "5 of 6 rows are not valid 'preference' rows" in error
+    for line, reason in [
+        (2, "chosen and rejected are the same reply"),
+        (3, "rejected: messages[1]: an assistant message needs content, reasoning or tool_calls"),
+        (4, "rejected: messages[1]: an assistant message needs content, reasoning or tool_calls"),
+        (5, "field 'messages' is missing or not a list"),
+        (6, "messages: the prompt ends with the user's (or a tool's) message"),
+    ]:
+        assert f"pairs.jsonl line {line}: {reason}" in error, (line, error)
+
+    refused = CliRunner().invoke(
+        app, ["train", "tiny-gpt-oss-dpo", "--target", "training-job", "--dry-run", "--set", "data.format=messages"]
+    )
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    assert "training.method dpo trains on chosen/rejected pairs, not 'messages' rows" in refused.output
