@@ -88,13 +88,18 @@ def use_compiled_layers(settings: TrainSettings) -> bool:
 
 
 def compile_layers_for_training(model: Any, settings: TrainSettings) -> int:
-    """Compile what the settings' experts allow: with packed MXFP4 experts each layer's attention block and router
-    (the packed experts keep their own autograd path; mxfp4.compile_packed_layers), else whole decoder layers.
-    Returns how many layers."""
+    """Compile what the settings' experts allow, and say so: with packed MXFP4 experts each layer's attention block
+    and router (the packed experts keep their own autograd path; mxfp4.compile_packed_layers), else whole decoder
+    layers. Returns how many layers."""
     from .model import compile_decoder_layers
     from .mxfp4 import compile_packed_layers
 
-    return compile_packed_layers(model) if settings.model.experts == "mxfp4" else compile_decoder_layers(model)
+    if settings.model.experts == "mxfp4":
+        compiled, parts = compile_packed_layers(model), "the attention blocks and routers of "
+    else:
+        compiled, parts = compile_decoder_layers(model), ""
+    log(f"compiling {parts}{compiled} decoder layers (torch.compile; the first steps are slower)")
+    return compiled
 
 
 def uses_packing(settings: TrainSettings) -> bool:
@@ -251,9 +256,6 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     if rank() == 0:
         model.print_trainable_parameters()
     compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
-    if compiled:
-        parts = "the attention blocks and routers of " if settings.model.experts == "mxfp4" else ""
-        log(f"compiling {parts}{compiled} decoder layers (torch.compile; the first steps are slower)")
     starve_for_test(model)
     return model, compiled, from_rank0
 
