@@ -123,15 +123,20 @@ def unpacked_copy(packed, config, device, dtype):
     return model.to(dtype)
 
 
+def fp32_gate_rows(config) -> list:
+    """The mxfp4 gates' rows, with TF32 off: their fp32 bounds are for true fp32 matmuls."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return synthetic_rows(3, 600, config.vocab_size, seed=1)
+
+
 def packed_gate(config, device) -> dict:
     """model.experts: mxfp4 against the same weights dequantized at load (bf16 experts), fast path, LoRA gradients:
     fp32 (TF32 off) must agree to rounding; bf16 is reported."""
     from toolkit_train.model import add_lora
     from toolkit_train.settings import LoraSettings
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
+    rows = fp32_gate_rows(config)
     out: dict = {}
     # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, toolkit_train/mxfp4_lora.py),
     # then the experts at rank 4 (lora.expert_r: padded to the grouped GEMM's alignment)
@@ -575,9 +580,7 @@ def compile_diagnosis(config, device) -> dict:
     experts and with the fused ones, against the same path uncompiled (each a fresh model, same weights)."""
     from toolkit_train.model import compile_decoder_layers
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    rows = synthetic_rows(3, 600, config.vocab_size, seed=1)
+    rows = fp32_gate_rows(config)
     out: dict = {}
     reference = None
     runs = [("eager_layers", "toolkit_fused", False), ("compiled_grouped_mm", "grouped_mm", True),
@@ -751,9 +754,7 @@ def run_one(name: str, args, device, dtype) -> dict:
 
         register()  # the packed model asks for toolkit_fused by the second build; the whole gate registers it earlier
         config = gpt_oss_config(args.tiny, layers=2)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        result = compiled_packed_gate(config, device, synthetic_rows(3, 600, config.vocab_size, seed=1))
+        result = compiled_packed_gate(config, device, fp32_gate_rows(config))
         return {"name": name, **result, "passed": result["compiled_passed"]}
     if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
