@@ -218,10 +218,16 @@ def compiled_packed_gate(config, device, rows) -> dict:
         "compiled_gc_bf16_autocast": run(compiled=True, checkpointing=True, autocast=True),
     }
     after = dynamo_counts()
-    out: dict = {}
+    out: dict = {"layers": config.num_hidden_layers, "num_local_experts": config.num_local_experts,
+                 "eager_float32_loss": ref_loss}  # fmt: skip
     for key, (loss, grads) in runs.items():
+        out[f"{key}_loss"] = loss
         out[f"{key}_loss_rel_diff"] = abs(loss - ref_loss) / ref_loss
         out[f"{key}_grad_rel_err"] = float((grads - ref).norm() / ref.norm())
+    # compiled against eager at training's precision, directly (the entrypoint's step-1 loss gap is this comparison)
+    (loss, grads), (eager_loss, eager) = runs["compiled_gc_bf16_autocast"], runs["eager_bf16_autocast"]
+    out["compiled_gc_vs_eager_bf16_autocast_loss_diff"] = loss - eager_loss
+    out["compiled_gc_vs_eager_bf16_autocast_grad_rel_err"] = float((grads - eager).norm() / eager.norm())
     out["compiled_graphs"] = after["unique_graphs"] - before["unique_graphs"]
     out["compiled_graph_breaks"] = after["graph_breaks"] - before["graph_breaks"]
     out["compiled_graph_break_reasons"] = after["graph_break_reasons"]
@@ -747,15 +753,17 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **compile_diagnosis(gpt_oss_config(args.tiny, layers=2), device)}
     if name == "moe-block":
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
+    # the mxfp4 gates: --gate-layers decoder layers of --gate-size's shape (default: 2 layers of 20b's, 32 experts)
+    gate_config = gpt_oss_config(args.tiny, layers=args.gate_layers, size=args.gate_size)
+    gate_shape = {"shape": "tiny" if args.tiny else args.gate_size, "layers": args.gate_layers}
     if name == "mxfp4-gate":
-        return {"name": name, **packed_gate(gpt_oss_config(args.tiny, layers=2), device)}
+        return {"name": name, **gate_shape, **packed_gate(gate_config, device)}
     if name == "mxfp4-compiled-gate":  # the compiled part of mxfp4-gate alone (the whole gate ran past one call)
         from toolkit_train.moe import register
 
         register()  # the packed model asks for toolkit_fused by the second build; the whole gate registers it earlier
-        config = gpt_oss_config(args.tiny, layers=2)
-        result = compiled_packed_gate(config, device, fp32_gate_rows(config))
-        return {"name": name, **result, "passed": result["compiled_passed"]}
+        result = compiled_packed_gate(gate_config, device, fp32_gate_rows(gate_config))
+        return {"name": name, **gate_shape, **result, "passed": result["compiled_passed"]}
     if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
     base_name = name.removesuffix(PEFT_CAST_SUFFIX)
@@ -850,6 +858,9 @@ def main() -> None:
                         help=f"run as on a GPU of this many GB in all ({H100_80GB_GB}: an H100 80GB)")  # fmt: skip
     parser.add_argument("--memory-peak", action="store_true", help="what is alive at the last step's peak, by size")
     parser.add_argument("--profile", action="store_true", help="GPU time by kernel class (torch.profiler)")
+    parser.add_argument("--gate-layers", type=int, default=2, help="decoder layers of the mxfp4 gates' model")
+    parser.add_argument("--gate-size", choices=sorted(ACTIVE_PARAMS), default="20b",
+                        help="the mxfp4 gates' shape (120b: 128 experts a layer); --tiny: the tiny shape")  # fmt: skip
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one variant in this process (a child)
     args = parser.parse_args()
 
@@ -871,8 +882,27 @@ def main() -> None:
             result["gpu_memory_cap_gb"] = args.gpu_memory_gb  # the GPU it ran as
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result), flush=True)
+            if args.tag and args.only in GATE_KEYS:  # a gate alone, its result file as run_all writes it
+                write_gate_result(args, result)
         return
     run_all(args)
+
+
+GATE_KEYS = {"gate": "correctness", "moe-block": "moe_block", "mxfp4-gate": "mxfp4_correctness",
+             "mxfp4-compiled-gate": "mxfp4_compiled_correctness"}  # fmt: skip
+
+
+def write_gate_result(args, result: dict) -> None:
+    """`--only GATE --tag T`: bench/results/train_throughput_1gpu{T}.json (_tiny{T} with --tiny) with the gate's
+    result under run_all's key, and the command line that made it."""
+    import transformers
+    from common import report
+
+    results = {"device": torch.cuda.get_device_name() if not args.tiny else "cpu", "world_size": 1,
+               "torch": torch.__version__, "transformers": transformers.__version__,
+               "command": " ".join(["python3", "bench/train_throughput.py", *sys.argv[1:]]),
+               GATE_KEYS[args.only]: result}  # fmt: skip
+    report(f"train_throughput{'_tiny' if args.tiny else '_1gpu'}{args.tag}", [], results)
 
 
 def run_all(args) -> None:
@@ -890,10 +920,11 @@ def run_all(args) -> None:
                      "torch": torch.__version__, "transformers": transformers.__version__}  # fmt: skip
     rows = []
     for name in args.variants.split(","):
-        if name in ("gate", "moe-block", "mxfp4-gate", "mxfp4-compiled-gate") and world > 1:
+        if name in GATE_KEYS and world > 1:
             continue
         command = [*launcher, __file__, "--only", name, "--steps", str(args.steps), "--budget", str(args.budget),
                    "--rows", str(args.rows), "--gpu-memory-gb", str(args.gpu_memory_gb),
+                   "--gate-layers", str(args.gate_layers), "--gate-size", args.gate_size,
                    *(["--memory-peak"] if args.memory_peak else []), *(["--profile"] if args.profile else []),
                    *(["--tiny"] if args.tiny else [])]  # fmt: skip
         env = dict(os.environ) if world > 1 or args.tiny else dict(os.environ, CUDA_VISIBLE_DEVICES="0")
@@ -907,14 +938,8 @@ def run_all(args) -> None:
         print(json.dumps(result), flush=True)
         for part in result.get("memory_at_peak", {}).get("rows", []):
             print(f"  {part['gb']:8.2f} GB {part['tensors']!s:>6}  {part['allocated_at']}", flush=True)
-        if name == "gate":
-            results["correctness"] = result
-        elif name == "moe-block":
-            results["moe_block"] = result
-        elif name == "mxfp4-gate":
-            results["mxfp4_correctness"] = result
-        elif name == "mxfp4-compiled-gate":
-            results["mxfp4_compiled_correctness"] = result
+        if name in GATE_KEYS:
+            results[GATE_KEYS[name]] = result
         else:
             rows.append(result)
     baselines = {r["name"]: r for r in rows if r["name"] in ("recipe", "recipe-experts") and "tokens_per_s" in r}
