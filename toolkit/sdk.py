@@ -467,7 +467,9 @@ def evaluate(
     candidate_endpoint: str | None = None,
     tasks: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both.
+    """Generate on the held-out rows (data.eval) with a baseline and the fine-tuned model and score both; for a
+    preference-tuned run (training.method dpo), score the held-out pairs instead: per pair whether each model finds
+    the chosen reply more likely than the rejected one (preference_accuracy) and by how much (local only).
 
     `target="local"`: vLLM on this machine serves the base and the fine-tuned model in turn (toolkit/evaluate). The
     fine-tuned model: `model_dir`, else the newest completed run of the config's target, fetched by the target
@@ -499,11 +501,11 @@ def evaluate(
     from toolkit.evaluate.report import build, clear, write
 
     cfg = _as_config(config, overrides)
-    if cfg.training.method != "sft":
+    pairs = cfg.training.method == "dpo"  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
+    if pairs and target == "endpoint":
         raise EvalInputError(
-            f"training.method {cfg.training.method}: toolkit eval scores generations on held-out conversations "
-            "(supervised fine-tunes); scoring a preference-tuned run on held-out pairs is not built yet: serve it "
-            f"with `toolkit deploy {cfg.name} --target local` and `toolkit invoke` it"
+            "--target endpoint: scoring a preference-tuned run's held-out pairs through SageMaker endpoints is not "
+            "built yet: use --target local (the base and the fine-tuned model served with vLLM here)"
         )
     run = None
     scored_run = None  # the remote run whose model this evaluation fetched
@@ -531,8 +533,16 @@ def evaluate(
     directory = trained_dir(cfg, model_dir)
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     clear(eval_dir(cfg))
-    results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
-    report = build(results, scored_model=scored_model(cfg, directory, scored_run))
+    if pairs:
+        from toolkit.evaluate import preference
+        from toolkit.evaluate.report import build_pairs
+
+        scored_pairs = preference.evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status,
+                                                 names)  # fmt: skip
+        report = build_pairs(scored_pairs, scored_model=scored_model(cfg, directory, scored_run))
+    else:
+        results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
+        report = build(results, scored_model=scored_model(cfg, directory, scored_run))
     _judge_by_gate(cfg, report)
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}

@@ -204,7 +204,7 @@ def add_lora(model, settings: LoraSettings, seed: int):
 
     set_seed(seed)
     config = lora_config(settings)
-    with _packed_experts_as_targets(model, config):
+    with packed_experts_as_targets(model, config):
         return skip_input_casts_under_autocast(get_peft_model(model, config))
 
 
@@ -213,7 +213,7 @@ def load_adapter(base, adapter_dir: Path | str):
     from peft import PeftConfig, PeftModel
 
     config = PeftConfig.from_pretrained(str(adapter_dir))
-    with _packed_experts_as_targets(base, config):
+    with packed_experts_as_targets(base, config):
         return skip_input_casts_under_autocast(PeftModel.from_pretrained(base, str(adapter_dir), config=config))
 
 
@@ -240,7 +240,7 @@ def skip_input_casts_under_autocast(peft_model):
 
 
 @contextlib.contextmanager
-def _packed_experts_as_targets(model, config):
+def packed_experts_as_targets(model, config):
     """Expert LoRA on packed MXFP4 experts: peft wraps them with toolkit_train/mxfp4_lora.py's PackedExpertLora."""
     from .mxfp4 import Mxfp4Experts
 

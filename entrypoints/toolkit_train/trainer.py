@@ -337,7 +337,13 @@ def preference_trainer_class() -> type:
 
     class PreferenceTrainer(DPOTrainer):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+            from .model import packed_experts_as_targets
+
+            given: Any = kwargs["model"]
+            # TRL adds its "ref" copy through peft, which finds packed MXFP4 experts' targets only while they show
+            # (without it, expert LoRA on packed experts fails here: ModuleDict has no attribute 'ref')
+            with packed_experts_as_targets(given, given.peft_config["default"]):
+                super().__init__(*args, **kwargs)
             model: Any = self.model  # the PeftModel (wrapped by accelerate only once training starts)
             adapters = getattr(model, "peft_config", {})
             if REFERENCE_COPY in adapters and len(adapters) > 1:

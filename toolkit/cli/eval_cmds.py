@@ -47,7 +47,9 @@ def eval_(
     limit: Annotated[
         int | None, typer.Option(min=1, help="Score only the first N held-out rows (and task rows).")
     ] = None,
-    max_tokens: Annotated[int, typer.Option(min=1, help="New tokens per generated reply.")] = 256,
+    max_tokens: Annotated[
+        int, typer.Option(min=1, help="New tokens per generated reply (a DPO run's pairs generate none).")
+    ] = 256,
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight per model.")] = 4,
     tasks: Annotated[
         str | None,
@@ -58,7 +60,8 @@ def eval_(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Score the fine-tuned model against the base on the held-out rows (data.eval); writes runs/<name>/eval/."""
+    """Score the fine-tuned model against the base on the held-out rows (data.eval); writes runs/<name>/eval/.
+    A DPO run (training.method dpo): its held-out pairs, by which reply each model finds more likely."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from toolkit import sdk
@@ -66,10 +69,11 @@ def eval_(
     cfg = load(source, set_)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
     bars: dict = {}
+    doing = "scoring pairs" if cfg.training.method == "dpo" else "generating"  # a DPO run: held-out pairs, scored
 
     def on_row(label: str, generated, total: int) -> None:
         if label not in bars:
-            bars[label] = progress.add_task(f"generating ({label})", total=total)
+            bars[label] = progress.add_task(f"{doing} ({label})", total=total)
         progress.advance(bars[label])
 
     try:

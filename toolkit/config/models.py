@@ -141,6 +141,7 @@ EVAL_METRICS = {
     "chrF": "chrF of the final channel against the reference answer (0..1)",
     "reasoning_language": "analysis channel in the requested reasoning language",
     FORMAT_VALID: "both channels, no special tokens, stop reached, no runaway repetition",
+    "preference_accuracy": "held-out pairs (training.method dpo): the chosen reply more likely than the rejected",
 }
 
 

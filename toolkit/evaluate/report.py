@@ -44,35 +44,103 @@ def build(
                 for g in result.generated[:3]
             ],
         }
+    metrics = compare({m.name: m.describes for m in METRICS}, scored, baseline, candidate)
+    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
+              "models": models,
+              "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
+                                                                            strict=True)]
+                       for label in by_label}}  # fmt: skip
+    _add_benchmarks(report, results, by_label)
+    return report
+
+
+def compare(
+    describes: dict[str, str], scored: dict[str, list[dict[str, Any]]], baseline: str, candidate: str
+) -> dict[str, dict[str, Any]]:
+    """Per metric (name -> what it measures): both models' means over the rows both scored, the mean paired
+    difference and its bootstrap interval."""
     metrics = {}
-    for metric in METRICS:
+    for name, description in describes.items():
         pairs: list[tuple[float, float]] = [
-            (b[metric.name], c[metric.name])  # type: ignore[misc]
+            (b[name], c[name])
             for b, c in zip(scored.get(baseline, []), scored.get(candidate, []), strict=True)
-            if b[metric.name] is not None and c[metric.name] is not None
+            if b[name] is not None and c[name] is not None
         ]
         differences = [c - b for b, c in pairs]
         interval = bootstrap_interval(differences)
-        metrics[metric.name] = {
-            "describes": metric.describes,
+        metrics[name] = {
+            "describes": description,
             "rows": len(pairs),
             baseline: statistics.fmean(b for b, _ in pairs) if pairs else None,
             candidate: statistics.fmean(c for _, c in pairs) if pairs else None,
             "difference": statistics.fmean(differences) if pairs else None,
             "ci95": list(interval) if interval else None,
         }
-    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
-              "models": models,
-              "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
-                                                                            strict=True)]
-                       for label in by_label}}  # fmt: skip
-    if any(getattr(r, "benchmarks", None) for r in results):  # lm-evaluation-harness tasks (--tasks)
-        from toolkit.evaluate.benchmarks import compare
+    return metrics
 
-        report["benchmarks"] = compare({r.label: r.benchmarks for r in results}, baseline, candidate)
+
+def _add_benchmarks(report: dict[str, Any], results: list[Any], by_label: dict[str, Any]) -> None:
+    if any(getattr(r, "benchmarks", None) for r in results):  # lm-evaluation-harness tasks (--tasks)
+        from toolkit.evaluate.benchmarks import compare as compare_tasks
+
+        report["benchmarks"] = compare_tasks({r.label: r.benchmarks for r in results}, report["baseline"],
+                                             report["candidate"])  # fmt: skip
         for label, result in by_label.items():
-            models[label]["benchmark_seconds"] = result.benchmark_seconds
+            report["models"][label]["benchmark_seconds"] = result.benchmark_seconds
+
+
+def build_pairs(
+    results: list[Any],
+    baseline: str = "base",
+    candidate: str = "fine-tuned",
+    scored_model: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """`build` for a preference-tuned run (toolkit/evaluate/preference.py): the held-out pairs scored by each model,
+    in the same shape (per metric both means, the paired difference and its interval; per model its failed pairs;
+    per row its scores, with both replies' log-likelihoods)."""
+    from toolkit.evaluate import preference
+
+    by_label = {r.label: r for r in results}
+    scored = {label: [preference.score(p) for p in r.generated] for label, r in by_label.items()}
+    models = {}
+    for label, result in by_label.items():
+        rows = len(result.generated)
+        models[label] = {
+            "served": result.served,
+            "rows": rows,
+            "failed": [{"row": p.row.place, "error": p.error} for p in result.generated if p.error is not None],
+            "seconds": result.seconds,
+            "rows_per_second": round(rows / result.seconds, 3) if result.seconds else None,
+            "format_problems": {},  # nothing is generated: there is no reply whose format to check
+            "samples": [{"row": p.row.place, **preference.details(p)} for p in result.generated[:3]],
+        }
+    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model,
+              "metrics": compare(preference.DESCRIBES, scored, baseline, candidate), "models": models,
+              "rows": {label: [{"row": p.row.place, **s, **preference.details(p)}
+                               for p, s in zip(by_label[label].generated, scored[label], strict=True)]
+                       for label in by_label}}  # fmt: skip
+    if baseline in scored and candidate in scored:
+        report["reward_accuracy"] = reward_accuracy(scored[baseline], scored[candidate])
+    _add_benchmarks(report, results, by_label)
     return report
+
+
+def reward_accuracy(base: list[dict[str, Any]], tuned: list[dict[str, Any]]) -> dict[str, Any]:
+    """DPO's implicit reward accuracy with the base as the reference: the share of pairs (scored by both) on which
+    the fine-tuned model's margin is above the base's, i.e. the fine-tune raised the chosen reply's log-likelihood
+    more than the rejected one's (what TRL logs as rewards/accuracies, here on held-out pairs)."""
+    from toolkit.evaluate.preference import MARGIN
+
+    both = [(b[MARGIN], c[MARGIN]) for b, c in zip(base, tuned, strict=True)
+            if b[MARGIN] is not None and c[MARGIN] is not None]  # fmt: skip
+    raised = sum(1 for b, c in both if c > b)
+    return {
+        "describes": "the fine-tuned model's log-likelihood margin above the base's (DPO's implicit reward, the base "
+        "as reference)",
+        "pairs": len(both),
+        "raised": raised,
+        "share": raised / len(both) if both else None,
+    }
 
 
 def _problems(generated: list[Any]) -> dict[str, list[str]]:
@@ -98,8 +166,13 @@ def markdown(report: dict[str, Any], validation: dict[str, float | None] | None 
     if validation and after is not None:  # lower is better; base: step 0 of training
         before = validation.get("base_eval_loss")
         diff = "-" if before is None else f"{after - before:+.3f}"
-        lines.append(f"| validation loss (lower is better) | {validation.get('rows', '-')} | {_num(before)} | "
+        loss = "validation DPO loss" if _is_preference(report) else "validation loss"
+        lines.append(f"| {loss} (lower is better) | {validation.get('rows', '-')} | {_num(before)} | "
                      f"{after:.3f} | {diff} | - |")  # fmt: skip
+    rewarded = report.get("reward_accuracy")
+    if rewarded and rewarded["pairs"]:
+        lines.append(f"\nreward accuracy (DPO's implicit reward, {base} as reference): the {tuned} model's margin is "
+                     f"above the {base} model's on {rewarded['raised']} of {rewarded['pairs']} pairs")  # fmt: skip
     for task, section in (report.get("benchmarks") or {}).items():
         lines += _benchmark_table(task, section, base, tuned)
     for label, model in report["models"].items():
@@ -107,6 +180,13 @@ def markdown(report: dict[str, Any], validation: dict[str, float | None] | None 
             names = ", ".join(f["row"] for f in model["failed"])
             lines.append(f"\n{label}: {len(model['failed'])} of {model['rows']} rows failed to generate: {names}")
     return "\n".join(lines) + "\n"
+
+
+def _is_preference(report: dict[str, Any]) -> bool:
+    """A report of held-out pairs (a preference-tuned run): its validation loss is training's DPO loss."""
+    from toolkit.evaluate.preference import PREFERENCE_ACCURACY
+
+    return PREFERENCE_ACCURACY in report["metrics"]
 
 
 def _benchmark_table(task: str, section: dict[str, Any], base: str, tuned: str) -> list[str]:
@@ -175,7 +255,9 @@ def _pyplot():
 
 def _chart(report: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
-    names = list(report["metrics"])
+    from toolkit.evaluate.preference import UNBOUNDED
+
+    names = [name for name in report["metrics"] if name not in UNBOUNDED]  # the chart's axis is 0..1
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.38
     for offset, label in ((-width / 2, report["baseline"]), (width / 2, report["candidate"])):

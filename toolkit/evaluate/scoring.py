@@ -12,6 +12,7 @@ from typing import Any
 
 from toolkit.config.models import EVAL_METRICS, FORMAT_VALID
 from toolkit.deploy.client import reply_problems
+from toolkit.evaluate.preference import PREFERENCE_ACCURACY
 
 REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
 RUNAWAY_SHARE = 0.3
@@ -88,10 +89,15 @@ class Metric:
 
 
 SCORERS = {"rougeL": rouge_l, "chrF": chrf, "reasoning_language": reasoning_language, FORMAT_VALID: format_valid}
-if set(SCORERS) != set(EVAL_METRICS):  # the config's vocabulary and the scorers are one table in two halves
+# The config's vocabulary and the scorers are one table in two halves: these score generated replies (a supervised
+# fine-tune's held-out rows); preference_accuracy scores a preference-tuned run's held-out pairs
+# (toolkit/evaluate/preference.py), whose replies are scored by likelihood, not generated.
+PAIR_METRICS = frozenset({PREFERENCE_ACCURACY})
+if set(SCORERS) != set(EVAL_METRICS) - PAIR_METRICS:
     raise ImportError(f"scorers {sorted(SCORERS)} differ from the report's metrics {sorted(EVAL_METRICS)}")
-METRICS = tuple(Metric(name, SCORERS[name], describes) for name, describes in EVAL_METRICS.items())
-METRIC_NAMES = tuple(EVAL_METRICS)
+METRICS = tuple(Metric(name, SCORERS[name], describes) for name, describes in EVAL_METRICS.items()
+                if name in SCORERS)  # fmt: skip
+METRIC_NAMES = tuple(m.name for m in METRICS)  # a generated reply's (a DPO run's pairs: preference.DESCRIBES)
 
 
 def score(generated: Any) -> dict[str, float | None]:

@@ -1,0 +1,193 @@
+"""`toolkit eval` on a preference-tuned run (training.method dpo): the held-out pairs scored by each served model.
+
+- Pairs: the pairs data.eval holds out (entrypoints/data.split_rows, as for SFT rows), checked and rendered by
+  training's own code (toolkit_train.data: `to_pair`, then the tokens DPO trains on): the prompt as vLLM renders the
+  request (through `<|start|>assistant`), each reply's tokens after it (analysis and final channel, through
+  `<|return|>`). They are rendered once, so both models score the same tokens.
+- Scoring: one completion request per pair and model to the same vLLM server eval starts for SFT rows (SageMaker's
+  /invocations route; vLLM takes a body without `messages` as a /v1/completions request): the two token-id prompts
+  (the prompt followed by either reply), `prompt_logprobs: 0` (vLLM's extra: each prompt token's log-probability
+  given the tokens before it: the model's raw log-probabilities, vLLM's default logprobs_mode) and one generated
+  token, which is ignored. A reply's log-likelihood is the sum over its own tokens; nothing is generated or sampled,
+  so the scores do not depend on temperature or max_tokens. They are the served model's, in the dtype it is served
+  in (bfloat16 for the tiny model on CPU: within ~2 nats of float32 transformers per ~100-token reply).
+- Per pair: preference_accuracy 1 when the chosen reply is the more likely one (strictly), else 0; the margin, the
+  chosen reply's log-likelihood minus the rejected one's (nats, unbounded). A pair the server refuses (longer than
+  serving.max_model_len, say) is counted and named, never fatal, as a row that fails to generate is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit.config import Config
+from toolkit.config.models import EVAL_METRICS
+
+PREFERENCE_ACCURACY = "preference_accuracy"  # registry.gate may name it (toolkit/config/models.py EVAL_METRICS)
+MARGIN = "log_likelihood_margin"  # reported, not gated: nats, unbounded (the gate's margins are on 0..1 metrics)
+UNBOUNDED = frozenset({MARGIN})  # metrics the report's bar chart (0..1) leaves out
+DESCRIBES = {
+    PREFERENCE_ACCURACY: EVAL_METRICS.get(PREFERENCE_ACCURACY, "chosen reply more likely than the rejected one"),
+    MARGIN: "mean log-likelihood of the chosen reply minus the rejected one's (nats, not 0..1)",
+}
+
+
+@dataclass
+class PairRow:
+    place: str  # where the pair came from ("pairs.jsonl line 7", or "held-out row 3")
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+
+
+@dataclass
+class ScoredPair:
+    row: PairRow
+    chosen: float | None = None  # log-likelihood of the chosen reply's tokens after the prompt (nats)
+    rejected: float | None = None
+    error: str | None = None  # why it was not scored (the server's reply, a timeout)
+
+
+@dataclass
+class PairResult:
+    label: str  # "base" or "fine-tuned"
+    served: str
+    generated: list[ScoredPair] = field(default_factory=list)  # the name the report's code reads for every kind
+    seconds: float = 0.0
+    benchmarks: list[Any] = field(default_factory=list)  # benchmarks.TaskResult per task asked for
+    benchmark_seconds: float = 0.0
+
+
+def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
+    """The pairs data.eval holds out, rendered as training renders them."""
+    from toolkit_train.data import _tokenize_pairs, load_rows, split_rows, to_pair
+
+    from toolkit.evaluate import EvalInputError, require_held_out
+
+    require_held_out(config)
+    _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
+    places = getattr(held, "places", None)
+    checked = []
+    for index, row in enumerate(held):
+        where = places[index] if places else f"held-out row {index}"
+        try:
+            checked.append((where, to_pair(row, config.data.reasoning_effort)))
+        except ValueError as exc:
+            raise EvalInputError(f"{where}: not a valid 'preference' row ({exc})") from None
+    if limit:
+        checked = checked[:limit]
+    tokens = _tokenize_pairs([pair for _, pair in checked])  # training's rendering: one date for every pair
+    columns = zip(tokens["prompt_ids"], tokens["chosen_ids"], tokens["rejected_ids"], strict=True)
+    return [PairRow(where, *ids) for (where, _), ids in zip(checked, columns, strict=True)]
+
+
+def reply_log_likelihoods(send: Callable[[dict], dict], model: str, row: PairRow) -> tuple[float, float]:
+    """(chosen, rejected): each reply's summed log-probability after the prompt, from one completion request."""
+    prompts = [row.prompt_ids + row.chosen_ids, row.prompt_ids + row.rejected_ids]
+    body = {"model": model, "prompt": prompts, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    choices = sorted(send(body).get("choices") or [], key=lambda choice: choice.get("index", 0))
+    if len(choices) != 2:
+        raise ValueError(f"the server answered {len(choices)} choices for 2 prompts")
+    return _summed(choices[0], prompts[0], len(row.prompt_ids)), _summed(choices[1], prompts[1], len(row.prompt_ids))
+
+
+def _summed(choice: dict, ids: list[int], start: int) -> float:
+    """The sum of the log-probabilities of ids[start:], each given the tokens before it (vLLM's prompt_logprobs:
+    per position None for the first token, else {token id: {logprob, rank, decoded_token}} holding that token's)."""
+    logprobs = choice.get("prompt_logprobs")
+    if not isinstance(logprobs, list) or len(logprobs) != len(ids):
+        got = len(logprobs) if isinstance(logprobs, list) else "none"
+        raise ValueError(f"prompt_logprobs has {got} positions for a prompt of {len(ids)} tokens")
+    total = 0.0
+    for position in range(start, len(ids)):
+        entry = (logprobs[position] or {}).get(str(ids[position]))
+        if entry is None:
+            raise ValueError(f"prompt_logprobs has no log-probability for token {ids[position]} at {position}")
+        total += float(entry["logprob"])
+    return total
+
+
+def score_pairs(
+    client: Any,
+    rows: list[PairRow],
+    concurrency: int,
+    on_row: Callable[[ScoredPair, int], None] | None = None,
+) -> list[ScoredPair]:
+    """Every pair through the server, `concurrency` requests at a time; failures are kept with their reason."""
+
+    def one(row: PairRow) -> ScoredPair:
+        try:
+            chosen, rejected = reply_log_likelihoods(client.send, client.model, row)
+        except Exception as exc:  # a pair that failed is counted and named in the report, not fatal
+            return ScoredPair(row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        return ScoredPair(row, chosen, rejected)
+
+    results: dict[int, ScoredPair] = {}
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        futures = {pool.submit(one, row): i for i, row in enumerate(rows)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            if on_row:
+                on_row(results[futures[future]], len(rows))
+    return [results[i] for i in range(len(rows))]
+
+
+def score(scored: ScoredPair) -> dict[str, float | None]:
+    """The metrics of one pair; a pair that failed scores None everywhere (counted apart)."""
+    if scored.error is not None or scored.chosen is None or scored.rejected is None:
+        return dict.fromkeys(DESCRIBES)
+    return {PREFERENCE_ACCURACY: float(scored.chosen > scored.rejected), MARGIN: scored.chosen - scored.rejected}
+
+
+def details(scored: ScoredPair) -> dict[str, float | None]:
+    """A pair's two log-likelihoods, kept beside its scores in the report's rows."""
+    return {"chosen_log_likelihood": scored.chosen, "rejected_log_likelihood": scored.rejected}
+
+
+def evaluate_local(
+    config: Config,
+    model_dir: Path | None = None,
+    limit: int | None = None,
+    max_tokens: int = 256,
+    concurrency: int = 4,
+    on_row: Callable[[str, ScoredPair, int], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    tasks: list[str] | None = None,
+) -> list[PairResult]:
+    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other (the servers SFT rows
+    are scored on), and score the held-out pairs with each; with `tasks`, lm-evaluation-harness tasks too
+    (`max_tokens` is theirs: scoring a pair generates nothing)."""
+    from toolkit.deploy.client import ChatClient
+    from toolkit.evaluate import _free_port, _local_server, eval_dir, served_models
+
+    rows = pair_rows(config, limit)
+    manager = None
+    if tasks:
+        from toolkit.evaluate import benchmarks
+
+        manager = benchmarks.task_manager(tasks)  # an unknown name stops here, before any server starts
+    results = []
+    for label, directory in served_models(config, model_dir):
+        log = eval_dir(config) / f"serve-{label}.log"
+        if on_status:
+            on_status(f"starting vLLM for the {label} model ({directory})")
+        with _local_server(config, directory, _free_port(), log) as url:
+            client = ChatClient.for_url(url, config.name)
+            started = time.monotonic()
+            heard = None if on_row is None else (lambda scored, total, label=label: on_row(label, scored, total))
+            scored = score_pairs(client, rows, concurrency, heard)
+            result = PairResult(label, str(directory), scored, round(time.monotonic() - started, 2))
+            if tasks:
+                if on_status:
+                    on_status(f"lm-evaluation-harness: {', '.join(tasks)} on the {label} model")
+                started = time.monotonic()
+                arguments = benchmarks.harness_arguments(url, config.name, tasks, limit, concurrency, max_tokens)
+                result.benchmarks = benchmarks.run(manager, arguments)
+                result.benchmark_seconds = round(time.monotonic() - started, 2)
+            results.append(result)
+    return results
