@@ -109,8 +109,9 @@ def prepare_data(
     destination = str(output) if output is not None else str(run_home(cfg.name) / "prepared")
     if not destination.strip() or (destination.startswith("s3:") and not destination.startswith("s3://")):
         raise errors.CannotWrite(f"--output: {destination!r} is neither a directory nor an s3:// URI: name one")
+    require_trainable(cfg)
     report = PrepareReport()
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = _tokenizer(cfg, load_tokenizer)
     prepared.check(Path(cfg.data.source), cfg.data, cfg.model)  # a prepared source: complete, of these settings
     rows = load_rows(cfg.data.source, cfg.data.split)
     dataset = prepare(rows, tokenizer, cfg.data, report)  # every row: training holds data.eval's rows out itself
@@ -127,6 +128,30 @@ def prepare_data(
     except OSError as exc:
         raise errors.unwritable(exc, destination, "--output") from None
     return {"output": destination, **summary, "bad_rows": report.bad_rows}
+
+
+def require_trainable(cfg: Config) -> None:
+    """Training renders conversations with harmony, gpt-oss's format, and nothing else yet: another family's model is
+    refused before anything is read or launched (deploying an adapter trained elsewhere on it works)."""
+    family = cfg.model.family
+    if family.chat_format != "harmony":
+        raise errors.BadInput(
+            f"model.id {cfg.model.id}: training renders conversations with harmony, gpt-oss's chat format, and this "
+            "model is not a gpt-oss one; training chat-template models (Llama, Qwen, Mistral) is not built yet: use "
+            "a gpt-oss checkpoint"
+        )
+
+
+def _tokenizer(cfg: Config, load: Callable[[Any], Any]) -> Any:
+    """The model's tokenizer, or one line saying why it cannot be read (a hub id not cached, the hub unreachable)."""
+    try:
+        return load(cfg.model)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise errors.BadInput(
+            f"model.id {cfg.model.id}: its tokenizer cannot be loaded here ({reason}): download the model "
+            "(`hf download`, or set HF_HOME to a cache that has it) or point model.id at a local checkpoint directory"
+        ) from None
 
 
 def _held_out_apart(cfg: Config, rows: Any, tokenizer: Any, report: Any) -> dict[str, int]:
@@ -161,6 +186,7 @@ def train(
     from toolkit_train import prepared
 
     cfg = _as_config(config, overrides, target)
+    require_trainable(cfg)
     if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
         prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
     chosen = get_target(cfg.target)
@@ -190,6 +216,7 @@ def plan(
 def render_train(config: Config | str | Path, target: str | None = None, overrides: Sequence[str] = ()) -> str:
     """What `train` would submit (the dry run): nothing is created or launched."""
     cfg = _as_config(config, overrides, target)
+    require_trainable(cfg)
     return get_target(cfg.target).render(cfg)
 
 
@@ -498,7 +525,7 @@ def evaluate(
         scored_model,
     )
     from toolkit.evaluate.benchmarks import parse_tasks
-    from toolkit.evaluate.report import build, clear, write
+    from toolkit.evaluate.report import GENERATED, build, clear, write
 
     cfg = _as_config(config, overrides)
     pairs = cfg.training.method == "dpo"  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
@@ -533,16 +560,11 @@ def evaluate(
     directory = trained_dir(cfg, model_dir)
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     clear(eval_dir(cfg))
-    if pairs:
-        from toolkit.evaluate import preference
-        from toolkit.evaluate.report import build_pairs
+    from toolkit.evaluate import preference  # a DPO run's held-out pairs; an SFT run's rows are generated on
 
-        scored_pairs = preference.evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status,
-                                                 names)  # fmt: skip
-        report = build_pairs(scored_pairs, scored_model=scored_model(cfg, directory, scored_run))
-    else:
-        results = evaluate_local(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
-        report = build(results, scored_model=scored_model(cfg, directory, scored_run))
+    serve_and_ask, scoring = (preference.evaluate_local, preference.SCORING) if pairs else (evaluate_local, GENERATED)
+    results = serve_and_ask(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
+    report = build(results, scored_model=scored_model(cfg, directory, scored_run), scoring=scoring)
     _judge_by_gate(cfg, report)
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}

@@ -298,13 +298,13 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
 
     if settings.format == "preference":
         check_harmony_vocabulary(tokenizer)
-        return _enforce_pair_length(datasets.Dataset.from_dict(_tokenize_pairs(conversations)), settings, report)
+        return _enforce_pair_length(datasets.Dataset.from_dict(tokenize_pairs(conversations)), settings, report)
     tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on))
     report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
 
 
-def _tokenize_pairs(pairs: list[dict[str, Any]]) -> dict[str, list]:
+def tokenize_pairs(pairs: list[dict[str, Any]]) -> dict[str, list]:
     """Each pair as harmony renders it for training (toolkit_train/harmony.py): the prompt as inference renders it
     (through `<|start|>assistant`), and each reply's tokens after it (analysis and final, through <|return|>): the
     tokens DPO scores."""

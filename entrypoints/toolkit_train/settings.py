@@ -98,7 +98,7 @@ class ModelSettings(StrictModel):
     """The base model to fine-tune."""
 
     id: str = Field(
-        description="Hugging Face hub id or local path of a causal LM; "
+        description="Hugging Face hub id or local path of a gpt-oss checkpoint (training renders harmony only); "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
         f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too)."
     )

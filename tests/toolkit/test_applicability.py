@@ -47,6 +47,9 @@ EXAMPLES = {
     "training.min_lr_rate": "0.2",
     "training.packing": "false",
     "training.dpo": "{beta: 0.2}",
+    ("registry.gate.metric", "dpo"): "preference_accuracy",  # a field with two rows on one setting: one per row
+    ("registry.gate.metric", "sft"): "chrF",
+    "registry.gate.min_format_valid": "0.9",
     "training.mlflow": "{tracking_uri: 'http://127.0.0.1:5000'}",
     "training.mlflow.tracking_uri": "file:/tmp/mlruns",
     "training_job.max_wait_seconds": "172800",
@@ -180,9 +183,10 @@ CONDITIONAL = [(path, scope) for path, scope in rows() if scope.on is not None]
 @pytest.mark.parametrize(("path", "scope"), CONDITIONAL, ids=[f"{p}-{s.on}" for p, s in CONDITIONAL])
 def test_every_conditional_row_is_refused_through_the_cli(path, scope):
     """Set where it cannot apply: exit 2, one line with the field, where it applies, and what to do."""
-    assert path in EXAMPLES, f"add an example value for {path} to EXAMPLES"
+    example = EXAMPLES.get((path, scope.values[0]), EXAMPLES.get(path))
+    assert example is not None, f"add an example value for {path} to EXAMPLES"
     needs = _needs(path, scope.on)
-    sets = _rows_for_method([f"{path}={EXAMPLES[path]}", f"{scope.on}={_elsewhere(path, scope.on, scope.values)}",
+    sets = _rows_for_method([f"{path}={example}", f"{scope.on}={_elsewhere(path, scope.on, scope.values)}",
                              *needs])  # fmt: skip
     result = toolkit("config", "validate", "tiny-gpt-oss-local", *[a for s in sets for a in ("--set", s)])
     output = result.stdout + result.stderr
@@ -192,7 +196,7 @@ def test_every_conditional_row_is_refused_through_the_cli(path, scope):
     assert scope.fix in output, output
     # where it applies, the same value validates
     where = _value_of(APPLIES, path, scope.on) if scope.where else _yaml_list(scope.on, scope.values[0])
-    applies = [f"{path}={EXAMPLES[path]}", f"{scope.on}={where}", *needs]
+    applies = [f"{path}={example}", f"{scope.on}={where}", *needs]
     if scope.on == "training.distributed":
         applies.append("lora.target_parameters=[]")  # fsdp with expert LoRA is its own rule
     allowed = toolkit("config", "validate", "tiny-gpt-oss-local",

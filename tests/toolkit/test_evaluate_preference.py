@@ -10,7 +10,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.runs import DPO_HELD_OUT, DPO_JOB, DPO_JOB_OVERRIDES, dpo_run  # noqa: F401  (dpo_run: the fixture)
+from tests.runs import DPO_JOB, DPO_JOB_OVERRIDES, dpo_run  # noqa: F401  (dpo_run: the fixture)
 from toolkit.cli import app
 
 pytestmark = pytest.mark.integration
@@ -20,8 +20,10 @@ PAIRS = ("preference_accuracy", "log_likelihood_margin")
 
 def held_out_pairs() -> int:
     from tests.runs import held_out_rows
+    from toolkit.config import load_config
 
-    return held_out_rows(DPO_HELD_OUT)  # the preference sample is the multilingual sample as pairs: as many rows
+    fraction = load_config(DPO_JOB).data.eval.fraction  # the preset's
+    return held_out_rows(fraction)  # the preference sample is the multilingual sample as pairs: as many rows
 
 
 def log_likelihood(model_dir, ids: list[int], start: int) -> float:
@@ -89,8 +91,8 @@ def test_eval_scores_a_dpo_run_on_its_held_out_pairs(dpo_run, tiny_model_path, t
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ([], "data.eval is not set"),
-        (["--set", "data.eval.fraction=0.25", "--target", "endpoint"], "--target endpoint: scoring a preference"),
+        (["--set", "data.eval=null"], "data.eval is not set"),
+        (["--target", "endpoint"], "--target endpoint: scoring a preference"),
     ],
 )
 def test_eval_of_a_dpo_config_without_what_it_needs_says_what_to_do(extra, said, tmp_path, monkeypatch):

@@ -168,17 +168,6 @@ def test_dpo_killed_then_stopped_resumes_each_time_with_the_base_as_reference_an
     assert not [p for p in [*saved.rglob("ref"), *(root / "model").rglob("ref")] if p.is_dir()]
 
 
-def test_eval_says_plainly_that_scoring_a_dpo_run_is_not_built():
-    from typer.testing import CliRunner
-
-    from toolkit.cli import app
-
-    result = CliRunner().invoke(app, ["eval", "tiny-gpt-oss-dpo"])
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "\n" not in result.output.strip()
-    assert "scoring a preference-tuned run on held-out pairs is not built yet" in result.output
-
-
 def test_the_method_and_the_rows_must_agree():
     from toolkit.config import ConfigError, load_config
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from toolkit_train.families import known_family
 from toolkit_train.settings import BUILTIN_MODELS, EXPLICIT_PATH, SAMPLES, TINY_GPT_OSS_MXFP4
 
+from toolkit.config.metrics import PREFERENCE_ACCURACY
 from toolkit.errors import brief
 
 if TYPE_CHECKING:
@@ -161,6 +162,29 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
         ("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
         "remove it, or set training.lr_scheduler: constant_with_warmup",
         "constant has no warmup",
+    ),
+    # -- the promotion gate: what the method's eval report scores ------------------------------------------------
+    "registry.gate.min_format_valid": Scope(
+        "training.method",
+        ("sft",),
+        "remove it",
+        "a DPO run's report generates nothing whose format to check",
+    ),
+    "registry.gate.metric": (
+        Scope(
+            "training.method",
+            ("dpo",),
+            "set registry.gate.metric to a generated reply's metric: rougeL, chrF, reasoning_language, format_valid",
+            "a supervised fine-tune's report scores generated replies, not pairs",
+            when=lambda metric: metric == PREFERENCE_ACCURACY,
+        ),
+        Scope(
+            "training.method",
+            ("sft",),
+            f"set registry.gate.metric: {PREFERENCE_ACCURACY}",
+            "a DPO run's report scores its held-out pairs by likelihood; nothing is generated",
+            when=lambda metric: metric != PREFERENCE_ACCURACY,
+        ),
     ),
     # -- serving: the adapter mode's own settings ---------------------------------------------------------------
     "serving.max_loras": Scope("serving.weights", ("adapter",), "remove it, or set serving.weights: adapter"),

@@ -11,6 +11,7 @@ from toolkit_train.settings import StrictModel, TrainSettings
 from toolkit.config.applicability import refuse_inapplicable
 from toolkit.config.instances import MICRO_BATCH_LIMITS, MODELS, instance, local_gpus
 from toolkit.config.members import refuse_what_aws_refuses
+from toolkit.config.metrics import EVAL_METRICS
 from toolkit.config.names import bucket_name_problem, bucket_of, in_ecr_repository, region_problem
 from toolkit.config.targets import TARGET_SETTINGS, HyperPodSettings, LocalSettings, TargetSettings, TrainingJobSettings
 from toolkit.errors import brief
@@ -131,18 +132,6 @@ class ServingSettings(StrictModel):
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
         return self
-
-
-# The eval report's metrics, each with what it measures: the vocabulary registry.gate names here and
-# toolkit.evaluate.scoring scores (its table of scorers is keyed by these names, checked on import).
-FORMAT_VALID = "format_valid"  # the promotion gate's format floor reads this metric (registry.gate.min_format_valid)
-EVAL_METRICS = {
-    "rougeL": "ROUGE-L F1 of the final channel against the reference answer",
-    "chrF": "chrF of the final channel against the reference answer (0..1)",
-    "reasoning_language": "analysis channel in the requested reasoning language",
-    FORMAT_VALID: "both channels, no special tokens, stop reached, no runaway repetition",
-    "preference_accuracy": "held-out pairs (training.method dpo): the chosen reply more likely than the rejected",
-}
 
 
 class GateSettings(StrictModel):

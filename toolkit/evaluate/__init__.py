@@ -61,7 +61,7 @@ class Generated:
 class ModelResult:
     label: str  # "base" or "fine-tuned"
     served: str  # what was served (a directory, an adapter name)
-    generated: list[Generated] = field(default_factory=list)
+    generated: list[Any] = field(default_factory=list)  # a Generated per row (a DPO run's: preference.ScoredPair)
     seconds: float = 0.0
     benchmarks: list[Any] = field(default_factory=list)  # benchmarks.TaskResult per task asked for
     benchmark_seconds: float = 0.0
@@ -121,17 +121,29 @@ def generate(
     concurrency: int,
     on_row: Callable[[Generated, int], None] | None = None,
 ) -> list[Generated]:
-    """Every row through `client.chat`, `concurrency` requests at a time; failures are kept with their reason.
-    `on_row` hears of each finished row with the number of rows (a progress bar's total)."""
+    """Every row through `client.chat`, `concurrency` requests at a time; failures are kept with their reason."""
 
     def one(row: EvalRow) -> Generated:
         try:
             reply = client.chat(row.messages, max_tokens=max_tokens, temperature=0.0)
         except Exception as exc:  # a failed row is counted and named in the report, not fatal
-            return Generated(row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return Generated(row, error=failure(exc))
         return Generated(row, reply.content, reply.reasoning, reply.finish_reason, tool_calls=reply.tool_calls)
 
-    results: dict[int, Generated] = {}
+    return each_row(rows, one, concurrency, on_row)
+
+
+def failure(exc: Exception) -> str:
+    """Why a row failed, in one line (the report names it)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def each_row(
+    rows: list[Any], one: Callable[[Any], Any], concurrency: int, on_row: Callable[[Any, int], None] | None
+) -> list[Any]:
+    """`one(row)` for every row, `concurrency` at a time, in the rows' order; `on_row` hears of each as it finishes
+    with the number of rows (a progress bar's total)."""
+    results: dict[int, Any] = {}
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         futures = {pool.submit(one, row): i for i, row in enumerate(rows)}
         for future in as_completed(futures):
@@ -199,11 +211,14 @@ def scored_model(config: Config, model_dir: Path, training_job: str | None = Non
     }
 
 
-OnRow = Callable[[str, Generated, int], None]  # a model's label, the row it finished, how many rows it has
+OnRow = Callable[[str, Any, int], None]  # a model's label, the row it finished (Generated, ScoredPair), the row count
 
 
 def _labelled(on_row: OnRow | None, label: str) -> Callable[[Generated, int], None] | None:
     return None if on_row is None else lambda generated, total: on_row(label, generated, total)
+
+
+Ask = Callable[[Any, Callable[[Any, int], None] | None], list[Any]]  # one served model's client -> its rows' results
 
 
 def evaluate_local(
@@ -215,12 +230,19 @@ def evaluate_local(
     on_row: OnRow | None = None,
     on_status: Callable[[str], None] | None = None,
     tasks: list[str] | None = None,
+    ask: Ask | None = None,
 ) -> list[ModelResult]:
-    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other, and generate;
-    with `tasks`, run those lm-evaluation-harness tasks against each server too (names checked first)."""
+    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other, and generate on the
+    held-out rows; with `ask`, ask each model that instead (a DPO run's pairs: toolkit/evaluate/preference.py). With
+    `tasks`, run those lm-evaluation-harness tasks against each server too (names checked first)."""
     from toolkit.deploy.client import ChatClient
 
-    rows = eval_rows(config, limit)
+    if ask is None:
+        rows = eval_rows(config, limit)  # checked before any server starts
+
+        def ask(client: Any, heard: Callable[[Any, int], None] | None) -> list[Any]:
+            return generate(client, rows, max_tokens, concurrency, heard)
+
     manager = None
     if tasks:
         from toolkit.evaluate import benchmarks
@@ -234,8 +256,8 @@ def evaluate_local(
         with _local_server(config, directory, _free_port(), log) as url:
             client = ChatClient.for_url(url, config.name)
             started = time.monotonic()
-            generated = generate(client, rows, max_tokens, concurrency, _labelled(on_row, label))
-            result = ModelResult(label, str(directory), generated, round(time.monotonic() - started, 2))
+            answers = ask(client, _labelled(on_row, label))
+            result = ModelResult(label, str(directory), answers, round(time.monotonic() - started, 2))
             if tasks:
                 if on_status:
                     on_status(f"lm-evaluation-harness: {', '.join(tasks)} on the {label} model")

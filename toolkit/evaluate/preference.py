@@ -18,21 +18,20 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toolkit.config import Config
-from toolkit.config.models import EVAL_METRICS
+from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
+from toolkit.evaluate import EvalInputError, OnRow, each_row, failure, require_held_out
+from toolkit.evaluate import evaluate_local as serve_in_turn
+from toolkit.evaluate.report import Scoring
 
-PREFERENCE_ACCURACY = "preference_accuracy"  # registry.gate may name it (toolkit/config/models.py EVAL_METRICS)
-MARGIN = "log_likelihood_margin"  # reported, not gated: nats, unbounded (the gate's margins are on 0..1 metrics)
-UNBOUNDED = frozenset({MARGIN})  # metrics the report's bar chart (0..1) leaves out
+MARGIN = "log_likelihood_margin"  # reported, not gated: nats, unbounded (the gate's metrics are 0..1: EVAL_METRICS)
 DESCRIBES = {
-    PREFERENCE_ACCURACY: EVAL_METRICS.get(PREFERENCE_ACCURACY, "chosen reply more likely than the rejected one"),
+    PREFERENCE_ACCURACY: EVAL_METRICS[PREFERENCE_ACCURACY],
     MARGIN: "mean log-likelihood of the chosen reply minus the rejected one's (nats, not 0..1)",
 }
 
@@ -53,21 +52,9 @@ class ScoredPair:
     error: str | None = None  # why it was not scored (the server's reply, a timeout)
 
 
-@dataclass
-class PairResult:
-    label: str  # "base" or "fine-tuned"
-    served: str
-    generated: list[ScoredPair] = field(default_factory=list)  # the name the report's code reads for every kind
-    seconds: float = 0.0
-    benchmarks: list[Any] = field(default_factory=list)  # benchmarks.TaskResult per task asked for
-    benchmark_seconds: float = 0.0
-
-
 def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
     """The pairs data.eval holds out, rendered as training renders them."""
-    from toolkit_train.data import _tokenize_pairs, load_rows, split_rows, to_pair
-
-    from toolkit.evaluate import EvalInputError, require_held_out
+    from toolkit_train.data import load_rows, split_rows, to_pair, tokenize_pairs
 
     require_held_out(config)
     _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
@@ -81,7 +68,7 @@ def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
             raise EvalInputError(f"{where}: not a valid 'preference' row ({exc})") from None
     if limit:
         checked = checked[:limit]
-    tokens = _tokenize_pairs([pair for _, pair in checked])  # training's rendering: one date for every pair
+    tokens = tokenize_pairs([pair for _, pair in checked])  # training's rendering: one date for every pair
     columns = zip(tokens["prompt_ids"], tokens["chosen_ids"], tokens["rejected_ids"], strict=True)
     return [PairRow(where, *ids) for (where, _), ids in zip(checked, columns, strict=True)]
 
@@ -124,17 +111,10 @@ def score_pairs(
         try:
             chosen, rejected = reply_log_likelihoods(client.send, client.model, row)
         except Exception as exc:  # a pair that failed is counted and named in the report, not fatal
-            return ScoredPair(row, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return ScoredPair(row, error=failure(exc))
         return ScoredPair(row, chosen, rejected)
 
-    results: dict[int, ScoredPair] = {}
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        futures = {pool.submit(one, row): i for i, row in enumerate(rows)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            if on_row:
-                on_row(results[futures[future]], len(rows))
-    return [results[i] for i in range(len(rows))]
+    return each_row(rows, one, concurrency, on_row)
 
 
 def score(scored: ScoredPair) -> dict[str, float | None]:
@@ -149,45 +129,46 @@ def details(scored: ScoredPair) -> dict[str, float | None]:
     return {"chosen_log_likelihood": scored.chosen, "rejected_log_likelihood": scored.rejected}
 
 
+def add_reward_accuracy(report: dict[str, Any]) -> None:
+    """DPO's implicit reward accuracy with the base as the reference: the share of pairs (scored by both) on which
+    the fine-tuned model's margin is above the base's, i.e. the fine-tune raised the chosen reply's log-likelihood
+    more than the rejected one's (what TRL logs as rewards/accuracies, here on held-out pairs)."""
+    rows = report["rows"]
+    base, tuned = rows.get(report["baseline"]), rows.get(report["candidate"])
+    if base is None or tuned is None:
+        return
+    both = [(b[MARGIN], c[MARGIN]) for b, c in zip(base, tuned, strict=True)
+            if b[MARGIN] is not None and c[MARGIN] is not None]  # fmt: skip
+    raised = sum(1 for b, c in both if c > b)
+    report["reward_accuracy"] = {
+        "describes": "the fine-tuned model's log-likelihood margin above the base's (DPO's implicit reward, the base "
+        "as reference)",
+        "pairs": len(both),
+        "raised": raised,
+        "share": raised / len(both) if both else None,
+    }
+
+
+# nothing is generated: there is no reply whose format to check
+SCORING = Scoring(DESCRIBES, score, details, problems=lambda _: [], details=details, summarize=add_reward_accuracy)
+
+
 def evaluate_local(
     config: Config,
     model_dir: Path | None = None,
     limit: int | None = None,
     max_tokens: int = 256,
     concurrency: int = 4,
-    on_row: Callable[[str, ScoredPair, int], None] | None = None,
+    on_row: OnRow | None = None,
     on_status: Callable[[str], None] | None = None,
     tasks: list[str] | None = None,
-) -> list[PairResult]:
-    """Serve the base and the fine-tuned model with vLLM on this machine, one after the other (the servers SFT rows
-    are scored on), and score the held-out pairs with each; with `tasks`, lm-evaluation-harness tasks too
-    (`max_tokens` is theirs: scoring a pair generates nothing)."""
-    from toolkit.deploy.client import ChatClient
-    from toolkit.evaluate import _free_port, _local_server, eval_dir, served_models
+) -> list[Any]:
+    """The base and the fine-tuned model served with vLLM on this machine in turn, as for SFT rows
+    (toolkit.evaluate.evaluate_local), each asked for the held-out pairs' likelihoods; with `tasks`,
+    lm-evaluation-harness tasks too (`max_tokens` is theirs: scoring a pair generates nothing)."""
+    rows = pair_rows(config, limit)  # checked before any server starts
 
-    rows = pair_rows(config, limit)
-    manager = None
-    if tasks:
-        from toolkit.evaluate import benchmarks
+    def ask(client: Any, heard: Callable[[ScoredPair, int], None] | None) -> list[ScoredPair]:
+        return score_pairs(client, rows, concurrency, heard)
 
-        manager = benchmarks.task_manager(tasks)  # an unknown name stops here, before any server starts
-    results = []
-    for label, directory in served_models(config, model_dir):
-        log = eval_dir(config) / f"serve-{label}.log"
-        if on_status:
-            on_status(f"starting vLLM for the {label} model ({directory})")
-        with _local_server(config, directory, _free_port(), log) as url:
-            client = ChatClient.for_url(url, config.name)
-            started = time.monotonic()
-            heard = None if on_row is None else (lambda scored, total, label=label: on_row(label, scored, total))
-            scored = score_pairs(client, rows, concurrency, heard)
-            result = PairResult(label, str(directory), scored, round(time.monotonic() - started, 2))
-            if tasks:
-                if on_status:
-                    on_status(f"lm-evaluation-harness: {', '.join(tasks)} on the {label} model")
-                started = time.monotonic()
-                arguments = benchmarks.harness_arguments(url, config.name, tasks, limit, concurrency, max_tokens)
-                result.benchmarks = benchmarks.run(manager, arguments)
-                result.benchmark_seconds = round(time.monotonic() - started, 2)
-            results.append(result)
-    return results
+    return serve_in_turn(config, model_dir, limit, max_tokens, concurrency, on_row, on_status, tasks, ask=ask)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
 from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRICS, format_problems, score
 from toolkit.files import write_atomically
@@ -15,42 +18,65 @@ from toolkit.files import write_atomically
 REPORT_FILE = "report.json"  # what `toolkit register` reads (and attaches to the model package)
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a report reads one kind of answer: generated replies (a supervised fine-tune's held-out rows) or scored
+    pairs (a preference-tuned run's: toolkit/evaluate/preference.py)."""
+
+    describes: dict[str, str]  # metric -> what it measures
+    score: Callable[[Any], dict[str, float | None]]  # one answer's metrics (None: not scored)
+    sample: Callable[[Any], dict[str, Any]]  # what a model's first answers show
+    problems: Callable[[Any], list[str]]  # what is wrong with an answer's format ([]: nothing, or nothing to check)
+    details: Callable[[Any], dict[str, Any]] = lambda _: {}  # what each row keeps beside its scores
+    summarize: Callable[[dict[str, Any]], None] | None = None  # adds its own sections to the built report
+
+
+def _generated_sample(g: Any) -> dict[str, Any]:
+    return {"reasoning": g.reasoning[:300], "answer": g.content[:300]}
+
+
+GENERATED = Scoring({m.name: m.describes for m in METRICS}, score, _generated_sample, format_problems)
+
+
 def build(
     results: list[Any],
     baseline: str = "base",
     candidate: str = "fine-tuned",
     scored_model: dict[str, Any] | None = None,
+    scoring: Scoring = GENERATED,
 ) -> dict[str, Any]:
     """The report as data: per model its per-row scores, per metric both means and the paired difference.
     `scored_model`: which trained model the candidate is (`toolkit.evaluate.scored_model`): `toolkit register` attaches
     the report only to that model's package."""
     by_label = {r.label: r for r in results}
-    scored = {label: [score(g) for g in r.generated] for label, r in by_label.items()}
+    scored = {label: [scoring.score(g) for g in r.generated] for label, r in by_label.items()}
     models = {}
     for label, result in by_label.items():
-        failed = [{"row": g.row.place, "error": g.error} for g in result.generated if g.error is not None]
         rows = len(result.generated)
         models[label] = {
             "served": result.served,
             "rows": rows,
-            "failed": failed,
+            "failed": [{"row": g.row.place, "error": g.error} for g in result.generated if g.error is not None],
             "seconds": result.seconds,
             "rows_per_second": round(rows / result.seconds, 3) if result.seconds else None,
             "format_problems": {
-                g.row.place: format_problems(g) for g in result.generated if g.error is None and format_problems(g)
+                g.row.place: scoring.problems(g) for g in result.generated if g.error is None and scoring.problems(g)
             },
-            "samples": [
-                {"row": g.row.place, "reasoning": g.reasoning[:300], "answer": g.content[:300]}
-                for g in result.generated[:3]
-            ],
+            "samples": [{"row": g.row.place, **scoring.sample(g)} for g in result.generated[:3]],
         }
-    metrics = compare({m.name: m.describes for m in METRICS}, scored, baseline, candidate)
-    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model, "metrics": metrics,
-              "models": models,
-              "rows": {label: [{"row": g.row.place, **s} for g, s in zip(by_label[label].generated, scored[label],
-                                                                            strict=True)]
+    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model,
+              "metrics": compare(scoring.describes, scored, baseline, candidate), "models": models,
+              "rows": {label: [{"row": g.row.place, **s, **scoring.details(g)}
+                               for g, s in zip(by_label[label].generated, scored[label], strict=True)]
                        for label in by_label}}  # fmt: skip
-    _add_benchmarks(report, results, by_label)
+    if any(getattr(r, "benchmarks", None) for r in results):  # lm-evaluation-harness tasks (--tasks)
+        from toolkit.evaluate.benchmarks import compare as compare_tasks
+
+        report["benchmarks"] = compare_tasks({r.label: r.benchmarks for r in results}, baseline, candidate)
+        for label, result in by_label.items():
+            models[label]["benchmark_seconds"] = result.benchmark_seconds
+    if scoring.summarize:
+        scoring.summarize(report)
     return report
 
 
@@ -77,78 +103,6 @@ def compare(
             "ci95": list(interval) if interval else None,
         }
     return metrics
-
-
-def _add_benchmarks(report: dict[str, Any], results: list[Any], by_label: dict[str, Any]) -> None:
-    if any(getattr(r, "benchmarks", None) for r in results):  # lm-evaluation-harness tasks (--tasks)
-        from toolkit.evaluate.benchmarks import compare as compare_tasks
-
-        report["benchmarks"] = compare_tasks({r.label: r.benchmarks for r in results}, report["baseline"],
-                                             report["candidate"])  # fmt: skip
-        for label, result in by_label.items():
-            report["models"][label]["benchmark_seconds"] = result.benchmark_seconds
-
-
-def build_pairs(
-    results: list[Any],
-    baseline: str = "base",
-    candidate: str = "fine-tuned",
-    scored_model: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """`build` for a preference-tuned run (toolkit/evaluate/preference.py): the held-out pairs scored by each model,
-    in the same shape (per metric both means, the paired difference and its interval; per model its failed pairs;
-    per row its scores, with both replies' log-likelihoods)."""
-    from toolkit.evaluate import preference
-
-    by_label = {r.label: r for r in results}
-    scored = {label: [preference.score(p) for p in r.generated] for label, r in by_label.items()}
-    models = {}
-    for label, result in by_label.items():
-        rows = len(result.generated)
-        models[label] = {
-            "served": result.served,
-            "rows": rows,
-            "failed": [{"row": p.row.place, "error": p.error} for p in result.generated if p.error is not None],
-            "seconds": result.seconds,
-            "rows_per_second": round(rows / result.seconds, 3) if result.seconds else None,
-            "format_problems": {},  # nothing is generated: there is no reply whose format to check
-            "samples": [{"row": p.row.place, **preference.details(p)} for p in result.generated[:3]],
-        }
-    report = {"baseline": baseline, "candidate": candidate, "scored_model": scored_model,
-              "metrics": compare(preference.DESCRIBES, scored, baseline, candidate), "models": models,
-              "rows": {label: [{"row": p.row.place, **s, **preference.details(p)}
-                               for p, s in zip(by_label[label].generated, scored[label], strict=True)]
-                       for label in by_label}}  # fmt: skip
-    if baseline in scored and candidate in scored:
-        report["reward_accuracy"] = reward_accuracy(scored[baseline], scored[candidate])
-    _add_benchmarks(report, results, by_label)
-    return report
-
-
-def reward_accuracy(base: list[dict[str, Any]], tuned: list[dict[str, Any]]) -> dict[str, Any]:
-    """DPO's implicit reward accuracy with the base as the reference: the share of pairs (scored by both) on which
-    the fine-tuned model's margin is above the base's, i.e. the fine-tune raised the chosen reply's log-likelihood
-    more than the rejected one's (what TRL logs as rewards/accuracies, here on held-out pairs)."""
-    from toolkit.evaluate.preference import MARGIN
-
-    both = [(b[MARGIN], c[MARGIN]) for b, c in zip(base, tuned, strict=True)
-            if b[MARGIN] is not None and c[MARGIN] is not None]  # fmt: skip
-    raised = sum(1 for b, c in both if c > b)
-    return {
-        "describes": "the fine-tuned model's log-likelihood margin above the base's (DPO's implicit reward, the base "
-        "as reference)",
-        "pairs": len(both),
-        "raised": raised,
-        "share": raised / len(both) if both else None,
-    }
-
-
-def _problems(generated: list[Any]) -> dict[str, list[str]]:
-    return {g.row.place: format_problems(g) for g in generated if g.error is None and format_problems(g)}
-
-
-def _sample(g: Any) -> dict[str, str]:
-    return {"row": g.row.place, "reasoning": g.reasoning[:300], "answer": g.content[:300]}
 
 
 def _num(value: float | None) -> str:
@@ -178,14 +132,13 @@ def markdown(report: dict[str, Any], validation: dict[str, float | None] | None 
     for label, model in report["models"].items():
         if model["failed"]:
             names = ", ".join(f["row"] for f in model["failed"])
-            lines.append(f"\n{label}: {len(model['failed'])} of {model['rows']} rows failed to generate: {names}")
+            what = "pairs failed to score" if _is_preference(report) else "rows failed to generate"
+            lines.append(f"\n{label}: {len(model['failed'])} of {model['rows']} {what}: {names}")
     return "\n".join(lines) + "\n"
 
 
 def _is_preference(report: dict[str, Any]) -> bool:
     """A report of held-out pairs (a preference-tuned run): its validation loss is training's DPO loss."""
-    from toolkit.evaluate.preference import PREFERENCE_ACCURACY
-
     return PREFERENCE_ACCURACY in report["metrics"]
 
 
@@ -255,9 +208,7 @@ def _pyplot():
 
 def _chart(report: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
-    from toolkit.evaluate.preference import UNBOUNDED
-
-    names = [name for name in report["metrics"] if name not in UNBOUNDED]  # the chart's axis is 0..1
+    names = [name for name in report["metrics"] if name in EVAL_METRICS]  # the 0..1 ones (a DPO run's margin: nats)
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.38
     for offset, label in ((-width / 2, report["baseline"]), (width / 2, report["candidate"])):

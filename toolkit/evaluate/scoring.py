@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from toolkit.config.models import EVAL_METRICS, FORMAT_VALID
+from toolkit.config.metrics import EVAL_METRICS, FORMAT_VALID, PREFERENCE_ACCURACY
 from toolkit.deploy.client import reply_problems
-from toolkit.evaluate.preference import PREFERENCE_ACCURACY
 
 REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
 RUNAWAY_SHARE = 0.3

@@ -77,7 +77,7 @@ def assert_carries_dpo(hyperparameters: dict, config) -> None:
 
     settings = from_hyperparameters(hyperparameters)
     assert settings.training.method == "dpo" and settings.data.format == "preference"
-    assert settings.training.dpo.model_dump() == {"beta": 0.1, "loss_type": "sigmoid"}
+    assert settings.training.dpo.model_dump() == {"beta": 0.01, "loss_type": "sigmoid"}  # the preset's, not the default
     assert settings.data.source == "builtin:preference-sample"  # shipped with the entrypoint's code
     assert settings == config.train_settings()
 

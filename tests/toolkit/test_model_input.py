@@ -1,0 +1,46 @@
+"""A model training cannot use, through the CLI: one line naming model.id, exit 2, before anything is read,
+rendered or launched. No network: the hub is made unreachable (HF_HUB_OFFLINE, an empty HF_HOME), as on a machine
+that has not downloaded the model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.toolkit.cli_checks import refused
+
+
+def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(cwd / "hf-home")}
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=300)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("train", "tiny-gpt-oss-local", "--target", "training-job", "--dry-run"),
+        ("train", "tiny-gpt-oss-local", "--target", "local"),
+        ("data", "prepare", "tiny-gpt-oss-local"),
+    ],
+)
+def test_a_model_that_is_not_gpt_oss_is_refused_before_anything_runs(tmp_path, command):
+    """Training renders harmony only (issue 47): a Qwen model would fail inside the job, after an instance started;
+    it is refused here, and the local target starts no run (no runs/ folder)."""
+    output = refused(toolkit(*command, "--set", "model.id=Qwen/Qwen3-0.6B", cwd=tmp_path),
+                     "model.id Qwen/Qwen3-0.6B: training renders conversations with harmony",
+                     "training chat-template models (Llama, Qwen, Mistral) is not built yet")  # fmt: skip
+    assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_hub_model_that_is_not_here_is_one_line_not_a_traceback(tmp_path):
+    """`data prepare` reads the tokenizer: a hub id not in the cache, the hub unreachable, says so and what to do."""
+    refused(toolkit("data", "prepare", "tiny-gpt-oss-local", "--set", "model.id=openai/gpt-oss-20b",
+                    "--set", "serving.instance_type=ml.p5.48xlarge", cwd=tmp_path),
+            "model.id openai/gpt-oss-20b: its tokenizer cannot be loaded here",
+            "or point model.id at a local checkpoint directory")  # fmt: skip
