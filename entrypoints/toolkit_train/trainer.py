@@ -320,6 +320,26 @@ def build_trainer(
 REFERENCE_COPY = "ref"  # the adapter TRL's DPOTrainer adds to a model that comes to it with one
 
 
+def score_trained_positions_only() -> None:
+    """TRL's chunked log-probabilities score only the completion positions on CUDA, but every position elsewhere (so
+    that a compiler such as Neuron's sees one tile shape per batch), then zero the rest: on CPU, with gpt-oss's
+    201k-token vocabulary, that is most of a DPO step (the tiny model's prompts are ~3/4 of its tokens). Nothing is
+    compiled on CPU here, and each position's log-probability is its own row's, so scoring the completions alone
+    gives the same values (tests/toolkit_train/test_dpo_parity.py compares against plain TRL). Patched on the name
+    TRL's DPO loss reads (trl.trainer.utils, TRL 1.16); TRL's kernels keep their own choice of kernel."""
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None or getattr(original, "toolkit_cpu", False):
+        return  # another TRL, or patched already
+
+    def compact(device: Any) -> bool:
+        return device.type == "cpu" or original(device)
+
+    compact.toolkit_cpu = True  # type: ignore[attr-defined]
+    trl_utils._use_triton = compact
+
+
 def preference_trainer_class() -> type:
     """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
     rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
@@ -334,6 +354,8 @@ def preference_trainer_class() -> type:
     the same on a resumed run as on the first (tests/toolkit_train/test_dpo.py: the resumed losses equal the
     uninterrupted run's)."""
     from trl import DPOTrainer
+
+    score_trained_positions_only()
 
     class PreferenceTrainer(DPOTrainer):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

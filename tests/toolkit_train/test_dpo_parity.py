@@ -151,21 +151,24 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture
-def replies_scored_alone(monkeypatch):
-    """TRL's fused LM head scores, on CPU, every position against the 201k-token vocabulary and then zeroes those
-    outside the replies; on CUDA it scores the replies' positions alone (each position's log-probability is its own
-    row's). Here it does the latter on both sides alike, with its torch kernel: a third of the CPU time."""
+def plain_trl_scoring(monkeypatch):
+    """TRL as it ships on CPU: every position scored against the 201k-token vocabulary, then the prompt's zeroed.
+    The toolkit's trainer scores the completions alone, as TRL does on CUDA (trainer.py score_trained_positions_only,
+    process-wide once it ran): this puts TRL's own choice back for the TRL side's step."""
+    import trl.kernels.chunked_logprob
     import trl.trainer.utils
 
-    monkeypatch.setattr(trl.trainer.utils, "_use_triton", lambda device: True)  # the kernel itself stays torch's
+    return lambda: monkeypatch.setattr(trl.trainer.utils, "_use_triton", trl.kernels.chunked_logprob._use_triton)
 
 
 @pytest.mark.parametrize("experts", ["bf16", "mxfp4"])
-@pytest.mark.usefixtures("replies_scored_alone")
-def test_one_dpo_step_equals_trl_dpo_trainer_with_a_frozen_copy_of_the_base_as_reference(experts, pairs, tmp_path):
+def test_one_dpo_step_equals_trl_dpo_trainer_with_a_frozen_copy_of_the_base_as_reference(
+    experts, pairs, tmp_path, plain_trl_scoring
+):
     tokenizer, dataset = pairs
     settings = settings_for(experts)
     ours, (trainer, start) = toolkit_step(settings, tokenizer, dataset, tmp_path / "toolkit")
+    plain_trl_scoring()
     theirs, (trl_trainer, trl_start) = trl_step(settings, tokenizer, dataset, tmp_path / "trl")
 
     # the same model, adapter and tokens on both sides
