@@ -18,7 +18,10 @@ from typing import Literal
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
-    chat_format: Literal["harmony", "template"] = "template"  # harmony: rendered by openai_harmony, parity-checked
+    # how training renders its conversations (toolkit_train/formats.py): harmony (openai_harmony, parity-checked when
+    # served) or template (the tokenizer's own chat template); None: no format is known to render it, and training
+    # it is refused
+    chat_format: Literal["harmony", "template"] | None = None
     model_type: str | None = None  # config.json's model_type
     id_marker: str | None = None  # a hub id naming the family contains this (lower case)
     lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
@@ -58,8 +61,16 @@ GPT_OSS = ModelFamily(
         "--enable-auto-tool-choice": None,
     },
 )
+QWEN3 = ModelFamily(
+    name="qwen3",
+    chat_format="template",
+    model_type="qwen3",
+    id_marker="qwen3",
+    lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    decoder_layer="Qwen3DecoderLayer",
+)  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B); trained locally on the tiny one; serving it is not built yet
 GENERIC = ModelFamily(name="causal LM")
-FAMILIES = (GPT_OSS,)  # every family but the generic one
+FAMILIES = (GPT_OSS, QWEN3)  # every family but the generic one
 
 
 def local_model_type(model_id: str) -> str | None:

@@ -28,6 +28,7 @@ def test_presets_are_the_documented_ones():
         "tiny-gpt-oss-dpo",
         "tiny-gpt-oss-local",
         "tiny-gpt-oss-tools-local",
+        "tiny-qwen3-local",
     ]
 
 
