@@ -1,9 +1,9 @@
 """Model families: what the toolkit knows about an architecture, one record each, so that the code asks a
 record's fields instead of branching on a model's name.
 
-A model belongs to a family by its hub id (the family's marker in the name) or by a checkpoint directory's
-`config.json` `model_type`; every other causal LM is the generic family, which constrains nothing the toolkit
-cannot check. Adding an architecture means adding a record here (tests/toolkit_train/test_families.py runs every
+A model belongs to a family by a checkpoint directory's `config.json` `model_type`, or, for a hub id (or a path
+not here), by the family's marker in its name; every other causal LM is the generic family, which constrains
+nothing the toolkit cannot check. Adding an architecture means adding a record here (tests/toolkit_train/test_families.py runs every
 field of every record through the code that reads it, and fails when a name check appears outside this module).
 """
 
@@ -37,9 +37,12 @@ class ModelFamily:
     vllm_defaults: dict[str, str | None] = field(default_factory=dict)
 
     def holds(self, model_id: str) -> bool:
-        return bool(self.id_marker and self.id_marker in model_id.lower()) or (
-            self.model_type is not None and local_model_type(model_id) == self.model_type
-        )
+        """A checkpoint directory here is what its config.json says (a Qwen3-MoE copy named qwen3-... is not dense
+        Qwen3); any other id, by the family's marker in its name."""
+        here = local_model_type(model_id)
+        if here is not None and self.model_type is not None:
+            return here == self.model_type
+        return bool(self.id_marker and self.id_marker in model_id.lower())
 
 
 GPT_OSS = ModelFamily(

@@ -43,6 +43,10 @@ def test_a_family_is_found_by_hub_name_and_by_a_local_checkpoint(family, tmp_pat
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"model_type": family.model_type}))
     assert family_of(str(checkpoint)) is family, "a local copy need not carry the family's name"
+    named = tmp_path / hub_id(family).split("/")[1]
+    named.mkdir()
+    (named / "config.json").write_text(json.dumps({"model_type": "some_other_moe"}))
+    assert family_of(str(named)) is GENERIC, "a checkpoint here is what its config says, whatever its name"
     assert ModelSettings(id=str(checkpoint)).family is family
     assert known_family("/fsx/not-here", is_path=True) is None, "a path that exists only where the job runs"
     assert family_of(OTHER) is GENERIC and known_family(OTHER, is_path=False) is GENERIC
