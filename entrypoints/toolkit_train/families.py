@@ -3,8 +3,9 @@ record's fields instead of branching on a model's name.
 
 A model belongs to a family by a checkpoint directory's `config.json` `model_type`, or, for a hub id (or a path
 not here), by the family's marker in its name; every other causal LM is the generic family, which constrains
-nothing the toolkit cannot check. Adding an architecture means adding a record here (tests/toolkit_train/test_families.py runs every
-field of every record through the code that reads it, and fails when a name check appears outside this module).
+nothing the toolkit cannot check (and has no chat format: training it is refused). Adding an architecture means
+adding a record here (tests/toolkit_train/test_families.py runs every field of every record through the code that
+reads it, and fails when a name check appears outside this module).
 """
 
 from __future__ import annotations
