@@ -187,3 +187,17 @@ def test_the_harmony_format_is_harmonys_rendering(tiny_model_path):
     assert [(e.ids, e.trained) for e in ours] == [(e.ids, e.trained) for e in harmony.examples(conversation, date)]
     prompt = {**conversation, "messages": conversation["messages"][:-1]}
     assert formats.HARMONY.prompt_ids(prompt, tokenizer, date) == harmony.prompt_ids(prompt, date)
+
+
+def test_the_harmony_pair_is_the_prompt_and_each_whole_reply_as_before(tiny_model_path):
+    """The pair rendering moved into the format: for harmony it is still the prompt, and each reply's rendering after
+    it through <|return|> (its last token, trained)."""
+    from toolkit_train.data import to_pair
+
+    row = load_rows(PREFERENCE_SAMPLE_DATASET)[0]
+    pair = to_pair(row)
+    date = "2026-01-01"
+    prompt, chosen, rejected = formats.HARMONY.pair(pair, None, date)
+    assert prompt == harmony.prompt_ids({**pair["chosen"], "messages": pair["chosen"]["messages"][:-1]}, date)
+    for key, ids in (("chosen", chosen), ("rejected", rejected)):
+        assert prompt + ids == harmony.examples(pair[key], date)[-1].ids
