@@ -296,8 +296,12 @@ def prepare(
     places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
-            conversations.append(to_conversation(row, settings.format, settings.reasoning_effort))
-            report.count(conversations[-1].get("chosen", conversations[-1]))
+            conversation = to_conversation(row, settings.format, settings.reasoning_effort)
+            chat_format.validate(conversation, tokenizer)  # a row the family's format can render
+            conversations.append(conversation)
+            report.count(conversation.get("chosen", conversation))
+        except FormatError as exc:  # no row can be rendered for this tokenizer
+            raise DataError(str(exc)) from None
         except ValueError as exc:
             where = places[index] if places else f"row {index}"
             reason = str(exc)  # a row that did not parse says where already

@@ -21,6 +21,7 @@ Two formats:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from . import harmony
@@ -36,6 +37,10 @@ class ChatFormat:
 
     def check(self, tokenizer) -> None:
         """Raises FormatError when the tokenizer cannot render this format."""
+
+    def validate(self, conversation: dict[str, Any], tokenizer) -> None:
+        """A checked row (or pair) this format can render: ValueError naming the message where it cannot (a bad row),
+        FormatError where no row can be (the whole dataset's problem)."""
 
     def examples(self, conversation: dict[str, Any], tokenizer, date: str | None = None) -> list[Example]:
         raise NotImplementedError
@@ -100,7 +105,13 @@ class ChatTemplate(ChatFormat):
         """The conversation as the chat request's messages (OpenAI's shape, with the template's reasoning field;
         tool-call arguments parsed, as vLLM passes them to a template)."""
         template = self._template(tokenizer)
-        field = next((name for name in REASONING_FIELDS if name in template), None)
+        field = next(
+            (name for name in REASONING_FIELDS if re.search(rf"""\.{name}\b|\[["']{name}["']\]""", template)), None
+        )
+        if conversation.get("tools") and not re.search(r"\btools\b", template):
+            raise FormatError(
+                "the model's chat template does not read tools: rows with tools cannot be rendered for it"
+            )
         out = []
         for message in conversation["messages"]:
             item: dict[str, Any] = {"role": message["role"], "content": message["content"]}
@@ -123,12 +134,24 @@ class ChatTemplate(ChatFormat):
             out.append(item)
         return out
 
+    def validate(self, conversation: dict[str, Any], tokenizer) -> None:
+        """Every message's text is in the rendering: a template that renders no message of a role (Qwen3's has no
+        `developer`) would drop it from training and serving alike; the row is refused instead."""
+        self.check(tokenizer)
+        for one in (conversation["chosen"], conversation["rejected"]) if "chosen" in conversation else (conversation,):
+            text = tokenizer.apply_chat_template(
+                self.messages(one, tokenizer), tools=one.get("tools") or None, tokenize=False
+            )
+            for i, message in enumerate(one["messages"]):
+                if message["content"].strip() not in text:
+                    hint = ": use role system" if message["role"] == "developer" else ""
+                    raise ValueError(
+                        f"messages[{i}]: the model's chat template does not render this {message['role']} message "
+                        f"(it would be dropped in training and when served){hint}"
+                    )
+
     def _render(self, tokenizer, conversation, messages, generation: bool = False, mask: bool = False):
         tools = conversation.get("tools")
-        if tools and "tools" not in self._template(tokenizer):
-            raise FormatError(
-                "the model's chat template does not read tools: rows with tools cannot be rendered for it"
-            )
         rendered = tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=generation, tokenize=True, return_dict=True,
             return_assistant_tokens_mask=mask,

@@ -201,3 +201,17 @@ def test_the_harmony_pair_is_the_prompt_and_each_whole_reply_as_before(tiny_mode
     assert prompt == harmony.prompt_ids({**pair["chosen"], "messages": pair["chosen"]["messages"][:-1]}, date)
     for key, ids in (("chosen", chosen), ("rejected", rejected)):
         assert prompt + ids == harmony.examples(pair[key], date)[-1].ids
+
+
+def test_a_message_the_template_does_not_render_is_a_bad_row_not_a_silent_drop(tokenizer):
+    """Qwen3's template renders no `developer` message: training would drop the instructions (and so would serving);
+    such rows are named, and data.skip_bad_rows skips them."""
+    rows = load_rows(TOOL_SAMPLE_DATASET)
+    developer = [i for i, row in enumerate(rows) if row["messages"][0]["role"] == "developer"]
+    assert developer
+    with pytest.raises(DataError, match=f"{len(developer)} of {len(rows)} rows") as caught:
+        prepare(rows, tokenizer, settings(format="messages"), chat_format=TEMPLATE)
+    assert "messages[0]: the model's chat template does not render this developer message" in str(caught.value)
+    assert "use role system" in str(caught.value)
+    kept = prepare(rows, tokenizer, settings(format="messages", skip_bad_rows=True), chat_format=TEMPLATE)
+    assert len(kept) > len(rows) - len(developer)  # every other row, one example per turn
