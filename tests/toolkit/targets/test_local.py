@@ -233,3 +233,15 @@ def test_a_chat_template_family_trains_and_merges_through_the_cli(tmp_path):
     assert (model / "adapter" / "adapter_model.safetensors").exists()
     assert json.loads((model / "merged" / "config.json").read_text())["model_type"] == "qwen3"
     assert (model / "merged" / "chat_template.jinja").read_text().rstrip("\n") == CHAT_TEMPLATE  # served with it
+
+
+def test_a_chat_template_family_trains_dpo_on_pairs_rendered_with_its_template(tmp_path):
+    """Preference pairs rendered with the tiny Qwen3's template (the served prompt, each reply through <|im_end|>)
+    train through TRL's DPOTrainer on the local target."""
+    result = CliRunner().invoke(app, ["train", "tiny-qwen3-local", "--set", f"local.output_dir={tmp_path}/run",
+                                      "--set", "training.method=dpo", "--set", "data.format=preference",
+                                      "--set", "data.source=builtin:preference-sample", "--set", "data.overlong=drop",
+                                      "--set", "training.merge_adapter=false"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "run" / "model" / "run.json").read_text())
+    assert (run["family"], run["trained"]["paths"]["method"], run["global_step"]) == ("qwen3", "dpo", 5)
