@@ -1,8 +1,8 @@
 """Test session guards and shared fixtures.
 
 - A network guard: any connection beyond loopback fails the test (SDKs that ignore endpoint overrides).
-- Hub access is off; the tiny gpt-oss is built once per machine into the cache outside the checkout
-  (TOOLKIT_CACHE_DIR, default ~/.cache/toolkit), shared with the demo.
+- Hub access is off; the tiny gpt-oss (and the tiny Qwen3) is built once per machine into the cache outside the
+  checkout (TOOLKIT_CACHE_DIR, default ~/.cache/toolkit), shared with the demo.
 """
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ def tiny_model_path() -> Path:
     from toolkit_train.tiny_model import tiny_gpt_oss_path
 
     return tiny_gpt_oss_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path() -> Path:
+    """The tiny dense Qwen3 with Qwen3's chat template (toolkit_train/tiny_qwen3.py): random weights, seconds to
+    build, cached beside the tiny gpt-oss."""
+    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+
+    return tiny_qwen3_path()
 
 
 @pytest.fixture(autouse=True)

@@ -100,7 +100,7 @@ def prepare_data(
     import tempfile
 
     from toolkit_train import prepared
-    from toolkit_train.data import PrepareReport, load_rows, prepare
+    from toolkit_train.data import PrepareReport, chat_format_of, load_rows, prepare
     from toolkit_train.model import load_tokenizer
 
     from toolkit import aws
@@ -114,7 +114,8 @@ def prepare_data(
     tokenizer = _tokenizer(cfg, load_tokenizer)
     prepared.check(Path(cfg.data.source), cfg.data, cfg.model)  # a prepared source: complete, of these settings
     rows = load_rows(cfg.data.source, cfg.data.split)
-    dataset = prepare(rows, tokenizer, cfg.data, report)  # every row: training holds data.eval's rows out itself
+    chat_format = chat_format_of(cfg.model)  # the family's (toolkit_train/formats.py)
+    dataset = prepare(rows, tokenizer, cfg.data, report, chat_format)  # every row: training holds data.eval's out
     summary = {**report.summary(), **_held_out_apart(cfg, rows, tokenizer, report)}
     made = prepared.record(cfg.data.source, cfg.data.split, cfg.data, cfg.model, summary)
     try:
@@ -131,14 +132,18 @@ def prepare_data(
 
 
 def require_trainable(cfg: Config) -> None:
-    """Training renders conversations with harmony, gpt-oss's format, and nothing else yet: another family's model is
-    refused before anything is read or launched (deploying an adapter trained elsewhere on it works)."""
-    family = cfg.model.family
-    if family.chat_format != "harmony":
+    """Training renders conversations in the family's chat format (toolkit_train/formats.py): a model of a family
+    with none (a causal LM no record claims) is refused before anything is read or launched (deploying an adapter
+    trained elsewhere on it works). A directory that exists only where the job runs is checked there."""
+    from toolkit_train.families import FAMILIES
+    from toolkit_train.formats import for_family
+
+    family = cfg.model.known_family
+    if family is not None and for_family(family) is None:
+        trainable = ", ".join(f"{f.name} ({f.chat_format})" for f in FAMILIES if for_family(f) is not None)
         raise errors.BadInput(
-            f"model.id {cfg.model.id}: training renders conversations with harmony, gpt-oss's chat format, and this "
-            "model is not a gpt-oss one; training chat-template models (Llama, Qwen, Mistral) is not built yet: use "
-            "a gpt-oss checkpoint"
+            f"model.id {cfg.model.id}: training renders conversations in a model family's chat format, and this "
+            f"model is of no family it knows; training is built for {trainable}: use a checkpoint of one of them"
         )
 
 
@@ -157,12 +162,12 @@ def _tokenizer(cfg: Config, load: Callable[[Any], Any]) -> Any:
 def _held_out_apart(cfg: Config, rows: Any, tokenizer: Any, report: Any) -> dict[str, int]:
     """With data.eval.fraction, the rows and tokens training will hold out and the tokens it trains on (what
     `toolkit plan` counts), apart from the whole source's."""
-    from toolkit_train.data import PrepareReport, prepare, split_rows
+    from toolkit_train.data import PrepareReport, chat_format_of, prepare, split_rows
 
     if cfg.data.eval is None or cfg.data.eval.fraction is None:
         return {}
     held = PrepareReport()
-    prepare(split_rows(rows, cfg.data)[1], tokenizer, cfg.data, held)
+    prepare(split_rows(rows, cfg.data)[1], tokenizer, cfg.data, held, chat_format_of(cfg.model))
     tokens = held.summary()["tokens"]
     return {"held_out_rows": held.summary()["rows_out"], "held_out_tokens": tokens,
             "training_tokens": report.summary()["tokens"] - tokens}  # fmt: skip

@@ -1,8 +1,9 @@
-"""Rows in, tokens out: load a dataset, check its schema, render the harmony chat format, tokenize.
+"""Rows in, tokens out: load a dataset, check its schema, render the model family's chat format, tokenize.
 
 The same code runs in `toolkit data prepare` (once, before launch) and in the training container (when
-it receives raw rows). Labels are -100 everywhere except the assistant's own tokens (analysis + final
-channel, through the closing <|return|>): the loss trains exactly what the model must generate.
+it receives raw rows). Labels are -100 everywhere except the assistant's own tokens (harmony: analysis + final
+channel, through the closing <|return|>; a chat template: its assistant replies, through the end of turn): the loss
+trains exactly what the model must generate. The format is the family's (toolkit_train/formats.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import harmony
-from .settings import SAMPLE_DATASET, SAMPLES, DataSettings
+from . import formats, harmony
+from .formats import ChatFormat, FormatError
+from .settings import SAMPLE_DATASET, SAMPLES, DataSettings, ModelSettings
 
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
 IGNORE_INDEX = -100
@@ -254,6 +256,17 @@ def training_chat_template(tokenizer) -> str:
     return patched.replace(*GPT_OSS_DEVELOPER_BLANK_LINE)
 
 
+def chat_format_of(model: ModelSettings) -> ChatFormat:
+    """The chat format model.id's family renders in (its record's chat_format: formats.for_family)."""
+    chat_format = formats.for_family(model.family)
+    if chat_format is None:
+        raise DataError(
+            f"model.id {model.id}: training renders conversations in a model family's chat format, and this model "
+            "is of no family it knows (toolkit_train/families.py)"
+        )
+    return chat_format
+
+
 def is_tokenized(dataset) -> bool:
     return any(all(column in dataset.column_names for column in kind) for kind in (TOKENIZED_COLUMNS, PAIR_COLUMNS))
 
@@ -262,8 +275,15 @@ def tokenized_columns(settings: DataSettings) -> tuple[str, ...]:
     return PAIR_COLUMNS if settings.format == "preference" else TOKENIZED_COLUMNS
 
 
-def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | None = None):
-    """Validate, render and tokenize; returns a dataset of input_ids + labels and fills `report`."""
+def prepare(
+    dataset,
+    tokenizer,
+    settings: DataSettings,
+    report: PrepareReport | None = None,
+    chat_format: ChatFormat = formats.HARMONY,
+):
+    """Validate, render (in the model family's `chat_format`: formats.for_family) and tokenize; returns a dataset
+    of input_ids + labels and fills `report`."""
     report = report if report is not None else PrepareReport()
     report.rows_in = len(dataset)
     if is_tokenized(dataset) and isinstance(dataset, Rows):
@@ -276,8 +296,12 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
     places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
-            conversations.append(to_conversation(row, settings.format, settings.reasoning_effort))
-            report.count(conversations[-1].get("chosen", conversations[-1]))
+            conversation = to_conversation(row, settings.format, settings.reasoning_effort)
+            chat_format.validate(conversation, tokenizer)  # a row the family's format can render
+            conversations.append(conversation)
+            report.count(conversation.get("chosen", conversation))
+        except FormatError as exc:  # no row can be rendered for this tokenizer
+            raise DataError(str(exc)) from None
         except ValueError as exc:
             where = places[index] if places else f"row {index}"
             reason = str(exc)  # a row that did not parse says where already
@@ -296,30 +320,31 @@ def prepare(dataset, tokenizer, settings: DataSettings, report: PrepareReport | 
         )
     import datasets
 
-    if settings.format == "preference":
-        check_harmony_vocabulary(tokenizer)
-        return _enforce_pair_length(datasets.Dataset.from_dict(tokenize_pairs(conversations)), settings, report)
-    tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on))
+    try:
+        if settings.format == "preference":
+            chat_format.check(tokenizer)
+            pairs = tokenize_pairs(conversations, chat_format, tokenizer)
+            return _enforce_pair_length(datasets.Dataset.from_dict(pairs), settings, report)
+        tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on, chat_format))
+    except FormatError as exc:
+        raise DataError(str(exc)) from None
     report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
 
 
-def tokenize_pairs(pairs: list[dict[str, Any]]) -> dict[str, list]:
-    """Each pair as harmony renders it for training (toolkit_train/harmony.py): the prompt as inference renders it
-    (through `<|start|>assistant`), and each reply's tokens after it (analysis and final, through <|return|>): the
-    tokens DPO scores."""
+def tokenize_pairs(
+    pairs: list[dict[str, Any]], chat_format: ChatFormat = formats.HARMONY, tokenizer=None
+) -> dict[str, list]:
+    """Each pair as the format renders it for training (formats.ChatFormat.pair): the prompt as inference renders it
+    (harmony: through `<|start|>assistant`), and each reply's tokens after it (harmony: analysis and final, through
+    <|return|>): the tokens DPO scores."""
     import datetime
 
     date = datetime.date.today().isoformat()  # one date for the prompt and both replies
     columns: dict[str, list] = {column: [] for column in PAIR_COLUMNS}
     for pair in pairs:
-        chosen = pair["chosen"]
-        prompt = harmony.prompt_ids({**chosen, "messages": chosen["messages"][:-1]}, date)
-        columns["prompt_ids"].append(prompt)
-        for key in ("chosen", "rejected"):
-            ids = harmony.examples(pair[key], date)[-1].ids
-            assert ids[: len(prompt)] == prompt, "a reply's rendering does not start with its prompt's"
-            columns[f"{key}_ids"].append(ids[len(prompt) :])
+        for column, ids in zip(PAIR_COLUMNS, chat_format.pair(pair, tokenizer, date), strict=True):
+            columns[column].append(ids)
     return columns
 
 
@@ -337,30 +362,23 @@ def _enforce_pair_length(dataset, settings: DataSettings, report: PrepareReport)
     return dataset.select(keep) if len(keep) < len(lengths) else dataset
 
 
-def _tokenize(conversations: list, tokenizer, loss_on: str = "assistant") -> dict[str, list]:
-    """Render with harmony (toolkit_train/harmony.py): one example per assistant turn; labels on the assistant's own
-    tokens of that turn, or every token (loss_on 'all'). A conversation is a normalized row or a message list."""
-    check_harmony_vocabulary(tokenizer)
+def _tokenize(
+    conversations: list, tokenizer, loss_on: str = "assistant", chat_format: ChatFormat = formats.HARMONY
+) -> dict[str, list]:
+    """Render in the chat format (harmony: toolkit_train/harmony.py): one example per assistant turn; labels on the
+    assistant's own tokens of that turn, or every token (loss_on 'all'). A conversation is a normalized row or a
+    message list."""
+    chat_format.check(tokenizer)
     input_ids: list[list[int]] = []
     labels: list[list[int]] = []
     for conversation in conversations:
         if isinstance(conversation, list):
             conversation = harmony.normalize({}, conversation, "medium")
-        for example in harmony.examples(conversation):
+        for example in chat_format.examples(conversation, tokenizer):
             input_ids.append(example.ids)
             trained = [True] * len(example.ids) if loss_on == "all" else example.trained
             labels.append([t if m else IGNORE_INDEX for t, m in zip(example.ids, trained, strict=True)])
     return {"input_ids": input_ids, "labels": labels}
-
-
-def check_harmony_vocabulary(tokenizer) -> None:
-    """Training renders harmony's token ids: the tokenizer must be gpt-oss's (o200k_harmony)."""
-    for name in ("<|start|>", "<|channel|>", "<|message|>", "<|return|>", "<|call|>"):
-        if tokenizer.convert_tokens_to_ids(name) != harmony.encoding().encode(name, allowed_special="all")[0]:
-            raise DataError(
-                f"the tokenizer's id for {name} is not harmony's: the harmony format needs gpt-oss's "
-                "o200k_harmony tokenizer (model.id a gpt-oss checkpoint)"
-            )
 
 
 def _enforce_length(dataset, settings: DataSettings, report: PrepareReport):

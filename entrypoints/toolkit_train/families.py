@@ -1,10 +1,11 @@
 """Model families: what the toolkit knows about an architecture, one record each, so that the code asks a
 record's fields instead of branching on a model's name.
 
-A model belongs to a family by its hub id (the family's marker in the name) or by a checkpoint directory's
-`config.json` `model_type`; every other causal LM is the generic family, which constrains nothing the toolkit
-cannot check. Adding an architecture means adding a record here (tests/toolkit_train/test_families.py runs every
-field of every record through the code that reads it, and fails when a name check appears outside this module).
+A model belongs to a family by a checkpoint directory's `config.json` `model_type`, or, for a hub id (or a path
+not here), by the family's marker in its name; every other causal LM is the generic family, which constrains
+nothing the toolkit cannot check (and has no chat format: training it is refused). Adding an architecture means
+adding a record here (tests/toolkit_train/test_families.py runs every field of every record through the code that
+reads it, and fails when a name check appears outside this module).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from typing import Literal
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
-    chat_format: Literal["harmony", "template"] = "template"  # harmony: rendered by openai_harmony, parity-checked
+    # how training renders its conversations (toolkit_train/formats.py): harmony (openai_harmony, parity-checked when
+    # served) or template (the tokenizer's own chat template); None: no format is known to render it, and training
+    # it is refused
+    chat_format: Literal["harmony", "template"] | None = None
     model_type: str | None = None  # config.json's model_type
     id_marker: str | None = None  # a hub id naming the family contains this (lower case)
     lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
@@ -34,9 +38,12 @@ class ModelFamily:
     vllm_defaults: dict[str, str | None] = field(default_factory=dict)
 
     def holds(self, model_id: str) -> bool:
-        return bool(self.id_marker and self.id_marker in model_id.lower()) or (
-            self.model_type is not None and local_model_type(model_id) == self.model_type
-        )
+        """A checkpoint directory here is what its config.json says (a Qwen3-MoE copy named qwen3-... is not dense
+        Qwen3); any other id, by the family's marker in its name."""
+        here = local_model_type(model_id)
+        if here is not None and self.model_type is not None:
+            return here == self.model_type
+        return bool(self.id_marker and self.id_marker in model_id.lower())
 
 
 GPT_OSS = ModelFamily(
@@ -58,8 +65,16 @@ GPT_OSS = ModelFamily(
         "--enable-auto-tool-choice": None,
     },
 )
+QWEN3 = ModelFamily(
+    name="qwen3",
+    chat_format="template",
+    model_type="qwen3",
+    id_marker="qwen3",
+    lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    decoder_layer="Qwen3DecoderLayer",
+)  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B); trained locally on the tiny one; serving it is not built yet
 GENERIC = ModelFamily(name="causal LM")
-FAMILIES = (GPT_OSS,)  # every family but the generic one
+FAMILIES = (GPT_OSS, QWEN3)  # every family but the generic one
 
 
 def local_model_type(model_id: str) -> str | None:

@@ -5,11 +5,22 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .settings import BUILTIN_MODELS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, LoraSettings, ModelSettings
+from .settings import (
+    BUILTIN_MODELS,
+    TINY_GPT_OSS_MXFP4,
+    TINY_GPT_OSS_TOOLS,
+    TINY_QWEN3,
+    LoraSettings,
+    ModelSettings,
+)
 
 
 def resolve_model_path(settings: ModelSettings) -> str:
     """Hub id or local path; builtin models are built (once, cached) on the spot."""
+    if settings.id == TINY_QWEN3:
+        from .tiny_qwen3 import tiny_qwen3_path
+
+        return str(tiny_qwen3_path())
     if settings.id in BUILTIN_MODELS:
         from .tiny_model import tiny_gpt_oss_path
 

@@ -20,7 +20,8 @@ BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-calling sample too (its tokens)
-BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS)
+TINY_QWEN3 = "builtin:tiny-qwen3"  # a tiny random-weight dense Qwen3 with Qwen3's chat template (tiny_qwen3.py)
+BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
 PREFERENCE_SAMPLE_DATASET = "builtin:preference-sample"  # the multilingual sample as pairs (format: preference)
@@ -98,9 +99,11 @@ class ModelSettings(StrictModel):
     """The base model to fine-tune."""
 
     id: str = Field(
-        description="Hugging Face hub id or local path of a gpt-oss checkpoint (training renders harmony only); "
+        description="Hugging Face hub id or local path of a checkpoint of a family training renders: gpt-oss (harmony) "
+        "or dense Qwen3 (its own chat template); other models are refused. "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
-        f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too)."
+        f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too); "
+        f"`{TINY_QWEN3}` a tiny random-weight dense Qwen3 with Qwen3's chat template."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."

@@ -26,6 +26,7 @@ import hashlib
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,15 @@ TOOLS_RECIPE = {"pretrain_text": "every third conversation a row of the tool-cal
 def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     """Path of the tiny model, building it first if this machine has none cached."""
     recipe = [RECIPE, mxfp4, *([TOOLS_RECIPE] if tools else [])]
+    stem = f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}{'-tools' if tools else ''}"
+    return cached_build(stem, recipe, lambda out: _build(out, mxfp4, tools=tools), "about 4 minutes on a laptop CPU")
+
+
+def cached_build(stem: str, recipe: Any, build: Callable[[Path], None], duration: str) -> Path:
+    """`cache_root()/<stem>-<the recipe's hash>`, built once per machine by `build(directory)` (under a file lock:
+    every process and rank waits for the one that builds; staged and renamed into place, so a kill leaves none)."""
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    target = cache_root() / f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}{'-tools' if tools else ''}-{key}"
+    target = cache_root() / f"{stem}-{key}"
     if (target / "config.json").exists():
         return target
     from filelock import FileLock
@@ -88,10 +96,9 @@ def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         if not (target / "config.json").exists():
-            _progress(f"building {target.name} once for this machine (cached in {target.parent}; about 4 minutes "
-                      "on a laptop CPU)")  # fmt: skip
+            _progress(f"building {target.name} once for this machine (cached in {target.parent}; {duration})")
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".build-"))
-            _build(staging, mxfp4, tools=tools)
+            build(staging)
             staging.rename(target)
     return target
 

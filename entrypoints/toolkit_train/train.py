@@ -79,7 +79,7 @@ def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     """(training rows, their stats, held-out rows or None, their stats): tokenized, held-out rows set apart first."""
     from . import prepared
-    from .data import PrepareReport, load_rows, prepare, split_rows
+    from .data import PrepareReport, chat_format_of, load_rows, prepare, split_rows
 
     source = data_source(settings, paths)
     made = prepared.check(Path(source), settings.data, settings.model)
@@ -87,7 +87,8 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
         log(f"data {source}: a prepared dataset, complete, prepared from {made.get('source')} with these settings")
     rows, held_out = split_rows(load_rows(source, settings.data.split), settings.data, eval_source(settings, paths))
     report = PrepareReport()
-    dataset = prepare(rows, tokenizer, settings.data, report)
+    chat_format = chat_format_of(settings.model)
+    dataset = prepare(rows, tokenizer, settings.data, report, chat_format)
     stats = report.summary()
     log(
         f"data {source}: {stats['rows_out']} rows, {stats['tokens']} tokens "
@@ -97,7 +98,7 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     if held_out is None:
         return dataset, stats, None, None
     eval_report = PrepareReport()
-    eval_dataset = prepare(held_out, tokenizer, settings.data, eval_report)
+    eval_dataset = prepare(held_out, tokenizer, settings.data, eval_report, chat_format)
     eval_stats = eval_report.summary()
     log(f"held out for validation: {eval_stats['rows_out']} rows, {eval_stats['tokens']} tokens (never trained on)")
     return dataset, stats, eval_dataset, eval_stats
@@ -198,6 +199,8 @@ def write_outputs(settings: TrainSettings, paths: Paths, tokenizer, summary: dic
     fault_point("before-merge")
     if settings.training.merge_adapter:
         write_whole(paths.model_dir / "merged", lambda out: merge(settings, adapter_dir, out, tokenizer))
+    family = settings.model.family  # what the run was rendered as: the family and its chat format
+    summary = {**summary, "family": family.name, "chat_format": family.chat_format}
     write_json_atomically(paths.model_dir / RUN_RECORD, summary)  # a kill mid-write leaves no torn "complete"
     log(f"adapter: {adapter_dir}")
     if settings.training.merge_adapter:

@@ -81,7 +81,7 @@ EXAMPLES = {
 # Values of an open-ended deciding setting (not a Literal or bool): where a row's field does not apply (ELSEWHERE)
 # and, for a row that tests the value (`where`), where it does (APPLIES); by `on`, or by (field, on).
 ELSEWHERE = {"training.max_steps": "10", "training.tokens_per_micro_batch": "4096", "model.id": TINY_GPT_OSS,
-             ("model.experts_implementation", "model.id"): "Qwen/Qwen3-0.6B", "data.source": SAMPLE_DATASET,
+             ("model.experts_implementation", "model.id"): "mistralai/Mistral-7B-v0.3", "data.source": SAMPLE_DATASET,
              "data.eval.source": SAMPLE_DATASET}  # fmt: skip
 APPLIES = {"model.id": "openai/gpt-oss-20b", ("model.experts_implementation", "model.id"): TINY_GPT_OSS,
            "data.source": "HuggingFaceH4/Multilingual-Thinking",
@@ -451,7 +451,7 @@ SECTIONS = {
             "model.experts": "mxfp4",
         },
         deciders={
-            "model.id": [TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, "openai/gpt-oss-20b", "Qwen/Qwen3-0.6B"],
+            "model.id": [TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, "openai/gpt-oss-20b", "mistralai/Mistral-7B-v0.3"],
             "model.experts": ["bf16", "mxfp4"],
         },
         base=["serving.instance_type=ml.g6e.12xlarge"],  # the merged 20b fits its endpoint

@@ -28,6 +28,7 @@ def test_presets_are_the_documented_ones():
         "tiny-gpt-oss-dpo",
         "tiny-gpt-oss-local",
         "tiny-gpt-oss-tools-local",
+        "tiny-qwen3-local",
     ]
 
 
@@ -156,7 +157,10 @@ BROKEN = [
         {"model": {"id": "builtin:tiny-gpt-oss", "experts": "mxfp4"}, "lora": {"target_parameters": []}},
         "builtin:tiny-gpt-oss is not one",
     ),
-    ({"model": {"id": "Qwen/Qwen3-0.6B", "experts": "mxfp4"}}, "model.experts: mxfp4 is for gpt-oss"),
+    (
+        {"model": {"id": "Qwen/Qwen3-0.6B", "experts": "mxfp4"}, "lora": {"target_parameters": []}},
+        "model.experts: mxfp4 is for gpt-oss",
+    ),
     ({"model": {"id": "/no/such/checkpoint"}}, "model.id: /no/such/checkpoint is not a directory on this machine"),
     ({"target": "training-job", "model": {"id": "/fsx/models/base"}}, "a training job cannot read the local"),
     ({"lora": {"rnak": 16}}, "lora.rnak: unknown key; did you mean 'r'?"),
@@ -308,8 +312,8 @@ def test_overrides_and_env_interpolation(tmp_path):
 
 def test_set_keeps_text_fields_as_typed():
     """YAML would read 007 as 7 and 2024-01-01 as a date; a text field keeps the characters given."""
-    cfg = load_config("tiny-gpt-oss-local", ["training_job.tags.run=007", "model.revision=2024-01-01",
-                                             "model.id=Qwen/Qwen3-0.6B", "aws.prefix=007", "lora.r=16"])  # fmt: skip
+    cfg = load_config("tiny-qwen3-local", ["training_job.tags.run=007", "model.revision=2024-01-01",
+                                           "model.id=Qwen/Qwen3-0.6B", "aws.prefix=007", "lora.r=16"])  # fmt: skip
     assert cfg.training_job.tags == {"run": "007"} and cfg.model.revision == "2024-01-01"
     assert cfg.aws.prefix == "007" and cfg.lora.r == 16
     # and null unsets an optional text setting, as in a YAML file (it was the text "null": an image named null)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from toolkit_train import families
 from toolkit_train.families import FAMILIES, GENERIC, ModelFamily, family_of, known_family
 from toolkit_train.settings import ModelSettings, TrainSettings
 
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAMILIES_MODULE = ROOT / "entrypoints" / "toolkit_train" / "families.py"
 SERVING_COPY = ROOT / "containers" / "serving" / "serve.py"
 DATA = {"source": "builtin:multilingual-thinking-sample"}
+OTHER = "mistralai/Mistral-7B-v0.3"  # a causal LM no record claims: the generic family
 FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the code reading it
     "name", "chat_format", "model_type", "id_marker", "lora_modules", "expert_parameters", "attention_kernels",
     "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu", "vllm_defaults",
@@ -41,9 +43,13 @@ def test_a_family_is_found_by_hub_name_and_by_a_local_checkpoint(family, tmp_pat
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"model_type": family.model_type}))
     assert family_of(str(checkpoint)) is family, "a local copy need not carry the family's name"
+    named = tmp_path / hub_id(family).split("/")[1]
+    named.mkdir()
+    (named / "config.json").write_text(json.dumps({"model_type": "some_other_moe"}))
+    assert family_of(str(named)) is GENERIC, "a checkpoint here is what its config says, whatever its name"
     assert ModelSettings(id=str(checkpoint)).family is family
     assert known_family("/fsx/not-here", is_path=True) is None, "a path that exists only where the job runs"
-    assert family_of("Qwen/Qwen3-8B") is GENERIC and known_family("Qwen/Qwen3-8B", is_path=False) is GENERIC
+    assert family_of(OTHER) is GENERIC and known_family(OTHER, is_path=False) is GENERIC
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -56,7 +62,7 @@ def test_the_attention_kernels_a_family_refuses_are_refused_with_its_reason(fami
             continue
         with pytest.raises(ValidationError, match=re.escape(family.attention_reason) + ": set model.attn_impl"):
             ModelSettings.model_validate(settings)
-    ModelSettings.model_validate({"id": "Qwen/Qwen3-8B", "attn_implementation": "sdpa"})  # generic: anything
+    ModelSettings.model_validate({"id": OTHER, "attn_implementation": "sdpa"})  # generic: anything
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -75,7 +81,7 @@ def test_lora_targets_are_checked_against_the_family_names(family):
             {"model": model, "data": DATA, "lora": {"target_parameters": ["mlp.nope"], "dropout": 0}}
         )
     # the generic family checks no names (it cannot know them)
-    TrainSettings.model_validate({"model": {"id": "Qwen/Qwen3-8B"}, "data": DATA, "lora": {"target_modules": ["x"]}})
+    TrainSettings.model_validate({"model": {"id": OTHER}, "data": DATA, "lora": {"target_modules": ["x"]}})
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -84,7 +90,7 @@ def test_packed_mxfp4_experts_are_offered_only_where_the_family_has_them(family)
     if family.packed_mxfp4:
         TrainSettings.model_validate(config)
     with pytest.raises(ValidationError, match="model.experts: mxfp4 is for"):
-        TrainSettings.model_validate({**config, "model": {"id": "Qwen/Qwen3-8B", "experts": "mxfp4"}})
+        TrainSettings.model_validate({**config, "model": {"id": OTHER, "experts": "mxfp4"}})
 
 
 def test_the_training_code_reads_decoder_layer_and_fused_experts_from_the_record():
@@ -146,4 +152,50 @@ def test_the_prompt_parity_check_runs_for_harmony_families_only():
 
     for family in FAMILIES:
         assert parity.applies(config(hub_id(family))) == (family.chat_format == "harmony")
-    assert not parity.applies(config("Qwen/Qwen3-8B"))
+    assert not parity.applies(config(OTHER))
+
+
+def test_every_family_has_a_chat_format_training_renders():
+    """A record names its format (toolkit_train/formats.py); the generic family has none, and training it is refused
+    (toolkit/sdk.py require_trainable: tests/toolkit/test_model_input.py)."""
+    from toolkit_train.formats import FORMATS, for_family
+
+    for family in FAMILIES:
+        assert family.chat_format in FORMATS and for_family(family) is FORMATS[family.chat_format], family.name
+    assert GENERIC.chat_format is None and for_family(GENERIC) is None
+
+
+def test_a_new_family_is_a_record_and_nothing_else(monkeypatch, tmp_path):
+    """A family added as a record alone (a fake one; the tiny Qwen3's tokenizer under its own model_type) is found by
+    its hub name and by a local checkpoint, has its LoRA names checked, is trainable, and its rows render in the
+    format it names: no other module needed a change (and test_no_module_branches_on_a_family_name keeps it so)."""
+    import shutil
+
+    from toolkit_train.data import IGNORE_INDEX, chat_format_of, load_rows, prepare
+    from toolkit_train.formats import CHAT_TEMPLATE
+    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+    from transformers import AutoTokenizer
+
+    from toolkit import sdk
+    from toolkit.config import Config
+
+    fake = ModelFamily(name="fake-lm", chat_format="template", model_type="fake_lm", id_marker="fake-lm",
+                       lora_modules=("q_proj", "v_proj"))  # fmt: skip
+    monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, fake))
+    assert family_of("some-org/Fake-LM-7B") is fake and family_of(OTHER) is GENERIC
+    checkpoint = tmp_path / "renamed"
+    shutil.copytree(tiny_qwen3_path(), checkpoint, ignore=shutil.ignore_patterns("*.safetensors"))
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "fake_lm"}))
+    lora = {"target_modules": ["q_proj"]}
+    config = Config.model_validate({"name": "fake", "model": {"id": str(checkpoint)}, "data": DATA, "lora": lora})
+    assert config.model.family is fake
+    with pytest.raises(ValidationError, match="fake-lm has no module.*gate_proj"):
+        TrainSettings.model_validate({"model": {"id": str(checkpoint)}, "data": DATA,
+                                      "lora": {"target_modules": ["gate_proj"]}})  # fmt: skip
+    sdk.require_trainable(config)
+    assert chat_format_of(config.model) is CHAT_TEMPLATE
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    rows = load_rows(config.data.source).select(range(2))
+    dataset = prepare(rows, tokenizer, config.data, chat_format=chat_format_of(config.model))
+    trained = tokenizer.decode([t for t in dataset[0]["labels"] if t != IGNORE_INDEX])
+    assert trained.startswith("<think>") and trained.endswith(f"{rows[0]['final']}<|im_end|>")

@@ -214,3 +214,34 @@ def test_a_stop_before_training_began_does_not_claim_a_checkpoint(tmp_path):
     saved.wait()
     state = LocalJob("tiny-gpt-oss-local", root, process=saved).status()
     assert state.status is Status.STOPPED and state.detail.startswith("stopped with a checkpoint"), state
+
+
+def test_a_chat_template_family_trains_and_merges_through_the_cli(tmp_path):
+    """The dense Qwen3 family end to end on the local target (issue 47): the tiny Qwen3's rows rendered with its own
+    chat template, LoRA on attention, 5 steps; the adapter and the merged model written, run.json naming the family
+    and its format, the attention LoRA moved."""
+    from toolkit_train.tiny_qwen3 import CHAT_TEMPLATE
+
+    result = CliRunner().invoke(app, ["train", "tiny-qwen3-local", "--set", f"local.output_dir={tmp_path}/run"])
+    assert result.exit_code == 0, result.output
+    model = tmp_path / "run" / "model"
+    run = json.loads((model / "run.json").read_text())
+    assert (run["family"], run["chat_format"], run["global_step"]) == ("qwen3", "template", 5)
+    assert run["data"]["rows_out"] == 60 and run["train_loss"] > 0
+    assert set(run["trained"]["groups"]) == {"attention LoRA"}
+    assert run["trained"]["groups"]["attention LoRA"]["relative_update"] > 0, run["trained"]
+    assert (model / "adapter" / "adapter_model.safetensors").exists()
+    assert json.loads((model / "merged" / "config.json").read_text())["model_type"] == "qwen3"
+    assert (model / "merged" / "chat_template.jinja").read_text().rstrip("\n") == CHAT_TEMPLATE  # served with it
+
+
+def test_a_chat_template_family_trains_dpo_on_pairs_rendered_with_its_template(tmp_path):
+    """Preference pairs rendered with the tiny Qwen3's template (the served prompt, each reply through <|im_end|>)
+    train through TRL's DPOTrainer on the local target."""
+    result = CliRunner().invoke(app, ["train", "tiny-qwen3-local", "--set", f"local.output_dir={tmp_path}/run",
+                                      "--set", "training.method=dpo", "--set", "data.format=preference",
+                                      "--set", "data.source=builtin:preference-sample", "--set", "data.overlong=drop",
+                                      "--set", "training.merge_adapter=false"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = json.loads((tmp_path / "run" / "model" / "run.json").read_text())
+    assert (run["family"], run["trained"]["paths"]["method"], run["global_step"]) == ("qwen3", "dpo", 5)

@@ -1,0 +1,129 @@
+"""A tiny dense Qwen3 (the real `Qwen3ForCausalLM`, 2 layers) with a small byte-level BPE and a Qwen3 chat template,
+built offline: the chat-template family's counterpart of the tiny gpt-oss (`builtin:tiny-qwen3`).
+
+No hub: the tokenizer is trained here with the `tokenizers` library on the bundled samples' text (byte-level, so
+any text encodes), with Qwen's special tokens (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) and its added tags
+(`<think>`, `<tool_call>`, `<tool_response>`, ...). Its chat template is Qwen3's own (reasoning in `<think>`, the
+reasoning of turns before the last user message dropped, tools in `<tools>`, calls in `<tool_call>`) with
+`{% generation %}` markers around what the assistant generates (from its `<think>` through `<|im_end|>`), so the
+trained tokens are the template's own assistant mask. The weights are random (seeded: every process builds the
+same model); nothing is pre-trained: it proves the chat-template path trains end to end, not what it learns.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .tiny_model import cached_build
+
+RECIPE: dict[str, Any] = {
+    "tokenizer": "byte-level BPE on the bundled samples' text",
+    "vocab_size": 2048,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,  # vLLM's CPU attention supports multiples of 32 and up
+    "max_position_embeddings": 4096,
+    "seed": 0,
+    "template": 1,  # the template's version (CHAT_TEMPLATE): a change rebuilds the model
+}
+SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# Qwen2/3's pre-tokenizer pattern (their tokenizer.json)
+QWEN_PATTERN = "|".join([
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)""",
+    r"""[^\r\n\p{L}\p{N}]?\p{L}+""",
+    r"""\p{N}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])  # fmt: skip
+
+# Qwen3's chat template (Qwen3-8B's tokenizer_config.json), with {% generation %} markers around the assistant's
+# generated text: the served prompt (add_generation_prompt) is Qwen3's, and the mask is exactly what it generates
+CHAT_TEMPLATE = (Path(__file__).parent / "templates" / "tiny-qwen3.jinja").read_text().rstrip("\n")
+
+
+def tiny_qwen3_path() -> Path:
+    """Path of the tiny Qwen3, building it first if this machine has none cached (seconds)."""
+    return cached_build("tiny-qwen3", [RECIPE, CHAT_TEMPLATE], _build, "a few seconds")
+
+
+def sample_texts() -> list[str]:
+    """Every string of every bundled sample row (the tokenizer's training text)."""
+    from .data import SAMPLE_PATH
+
+    def strings(value: Any) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, dict):
+            return [s for item in value.values() for s in strings(item)]
+        if isinstance(value, list):
+            return [s for item in value for s in strings(item)]
+        return []
+
+    texts = []
+    for sample in sorted(SAMPLE_PATH.parent.glob("*.jsonl")):
+        for line in sample.read_text().splitlines():
+            if line.strip():
+                texts += strings(json.loads(line))
+    return texts
+
+
+def build_tokenizer():
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])  # fmt: skip
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=RECIPE["vocab_size"],
+        special_tokens=list(SPECIAL),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(sample_texts(), trainer=trainer)
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in ADDED])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=RECIPE["max_position_embeddings"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _build(out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=RECIPE["hidden_size"],
+        intermediate_size=RECIPE["intermediate_size"],
+        num_hidden_layers=RECIPE["num_hidden_layers"],
+        num_attention_heads=RECIPE["num_attention_heads"],
+        num_key_value_heads=RECIPE["num_key_value_heads"],
+        head_dim=RECIPE["head_dim"],
+        max_position_embeddings=RECIPE["max_position_embeddings"],
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(RECIPE["seed"])
+    Qwen3ForCausalLM(config).save_pretrained(out)
+    eos = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_end|>", "<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    tokenizer.save_pretrained(out)
