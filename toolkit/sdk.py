@@ -533,6 +533,11 @@ def evaluate(
     from toolkit.evaluate.report import GENERATED, build, clear, write
 
     cfg = _as_config(config, overrides)
+    if cfg.model.family.chat_format != "harmony":
+        raise EvalInputError(
+            f"model.id {cfg.model.id}: toolkit eval reads replies in harmony, gpt-oss's chat format; evaluating "
+            f"a {cfg.model.family.name} model (its own chat template) is not built yet"
+        )
     pairs = cfg.training.method == "dpo"  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
     if pairs and target == "endpoint":
         raise EvalInputError(
