@@ -147,6 +147,19 @@ def require_trainable(cfg: Config) -> None:
         )
 
 
+def require_servable(cfg: Config) -> None:
+    """Serving reads replies in harmony and checks the served prompt against training's harmony rendering: a model
+    trained in its own chat template (toolkit_train/formats.py: template) is refused before anything starts (a dense
+    model of no family, serving an adapter trained elsewhere, is not: its replies are plain text)."""
+    family = cfg.model.family
+    if family.chat_format == "template":
+        raise errors.BadInput(
+            f"model.id {cfg.model.id}: serving a {family.name} fine-tune (its own chat template) is not built yet: "
+            "no reasoning parser and no served-vs-trained prompt check for chat templates; its merged model "
+            "(runs/<name>/model/merged) loads in vLLM or transformers as is"
+        )
+
+
 def _tokenizer(cfg: Config, load: Callable[[Any], Any]) -> Any:
     """The model's tokenizer, or one line saying why it cannot be read (a hub id not cached, the hub unreachable)."""
     try:
@@ -343,6 +356,7 @@ def render_deploy(
     from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
+    require_servable(cfg)
     if model_package is not None:  # refused as deploy refuses it (UnapprovedModel) when it is not Approved
         endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
         planned = endpoints.requests(package.image, package.model_data)
@@ -375,6 +389,7 @@ def deploy(
     from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
+    require_servable(cfg)
 
     def verify() -> None:
         (on_status or (lambda _: None))("checking that the endpoint renders prompts as training did")
@@ -417,6 +432,7 @@ def serve_local(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
+    require_servable(cfg)
     return LocalServer(cfg, local_model_dir(cfg, model_dir), port).start()
 
 
@@ -428,6 +444,7 @@ def render_serve_local(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
+    require_servable(cfg)
     plan = LocalServer(cfg, local_model_dir(cfg, model_dir), port).plan()
     return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
 
@@ -654,5 +671,6 @@ def serve_local_until_stopped(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
+    require_servable(cfg)
     server = LocalServer(cfg, local_model_dir(cfg, model_dir), port)
     server.serve(lambda url: prompt_drift(cfg, url), phase or quietly, on_note, on_serving)

@@ -60,3 +60,14 @@ def test_eval_of_a_chat_template_model_says_plainly_it_is_not_built(tmp_path):
                      "model.id builtin:tiny-qwen3: toolkit eval reads replies in harmony",
                      "evaluating a qwen3 model (its own chat template) is not built yet")  # fmt: skip
     assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
+
+
+@pytest.mark.parametrize("target", ["local", "endpoint"])
+def test_serving_a_chat_template_model_says_plainly_it_is_not_built(tmp_path, target):
+    """A trained Qwen3 is not served by the toolkit yet (no reasoning parser, no prompt check): the dry run already
+    says so in one line, nothing rendered or started."""
+    output = refused(
+        toolkit("deploy", "tiny-qwen3-local", "--target", target, "--dry-run", cwd=tmp_path),
+        "model.id builtin:tiny-qwen3: serving a qwen3 fine-tune (its own chat template) is not built yet",
+    )
+    assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
