@@ -93,20 +93,29 @@ def as_trained(config: Config, run: dict[str, Any] | None) -> tuple[Config, str 
     return config.model_copy(update={"data": data}), note
 
 
-def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
-    """The rows data.eval holds out, as prompts with their reference answers."""
-    from toolkit_train.data import load_rows, split_rows, to_messages
+def held_out(config: Config, read: Callable[[dict], Any]) -> list[tuple[str, Any]]:
+    """(where, read(row)) for each row data.eval holds out; a row `read` refuses (ValueError) is one line naming it."""
+    from toolkit_train.data import load_rows, split_rows
 
     require_held_out(config)
     _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
     places = getattr(held, "places", None)
-    rows = []
+    out = []
     for index, row in enumerate(held):
         where = places[index] if places else f"held-out row {index}"
         try:
-            messages = to_messages(row, config.data.format)
+            out.append((where, read(row)))
         except ValueError as exc:
             raise EvalInputError(f"{where}: not a valid {config.data.format!r} row ({exc})") from None
+    return out
+
+
+def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
+    """The rows data.eval holds out, as prompts with their reference answers."""
+    from toolkit_train.data import to_messages
+
+    rows = []
+    for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
         system = " ".join(m["content"] for m in messages[:-1] if m["role"] in ("system", "developer"))
         language = REASONING_LANGUAGE.search(system)
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]

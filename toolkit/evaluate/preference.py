@@ -25,7 +25,7 @@ from typing import Any
 
 from toolkit.config import Config
 from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
-from toolkit.evaluate import EvalInputError, OnRow, each_row, failure, require_held_out
+from toolkit.evaluate import OnRow, each_row, failure, held_out
 from toolkit.evaluate import evaluate_local as serve_in_turn
 from toolkit.evaluate.report import Scoring
 
@@ -54,18 +54,9 @@ class ScoredPair:
 
 def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
     """The pairs data.eval holds out, rendered as training renders them."""
-    from toolkit_train.data import load_rows, split_rows, to_pair, tokenize_pairs
+    from toolkit_train.data import to_pair, tokenize_pairs
 
-    require_held_out(config)
-    _, held = split_rows(load_rows(config.data.source, config.data.split), config.data)
-    places = getattr(held, "places", None)
-    checked = []
-    for index, row in enumerate(held):
-        where = places[index] if places else f"held-out row {index}"
-        try:
-            checked.append((where, to_pair(row, config.data.reasoning_effort)))
-        except ValueError as exc:
-            raise EvalInputError(f"{where}: not a valid 'preference' row ({exc})") from None
+    checked = held_out(config, lambda row: to_pair(row, config.data.reasoning_effort))
     if limit:
         checked = checked[:limit]
     tokens = tokenize_pairs([pair for _, pair in checked])  # training's rendering: one date for every pair
