@@ -34,9 +34,9 @@ def slurm(tmp_path_factory, tiny_model_path):
         os.environ.pop("SLURM_CONF", None)
 
 
-def config(shared, *overrides):
+def config(shared, *overrides, preset="tiny-gpt-oss-local"):
     return load_config(
-        "tiny-gpt-oss-local",
+        preset,
         ["target=hyperpod", "hyperpod.orchestrator=slurm", "hyperpod.nodes=2",
          "hyperpod.gpus_per_node=0", f"hyperpod.fsx.mount_path={shared}", f"hyperpod.python={sys.executable}",
          "training.save_steps=2", *overrides],
@@ -172,13 +172,21 @@ def test_two_node_job_completes_and_writes_to_the_shared_path(slurm, tmp_path, a
 
 
 def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
-    """Also: a failed query (here scontrol pointed at no controller, as when slurmctld restarts) is ridden out by
+    """The preference-tuning preset (training.method dpo) on both nodes: DPO's pairs through torchrun across the
+    cluster, cancelled mid-run, leaves a checkpoint to resume from (the SFT preset completes in the test above).
+    Also: a failed query (here scontrol pointed at no controller, as when slurmctld restarts) is ridden out by
     wait() and never turned into a FAILED job; a failed scancel is an error, not silence."""
-    job = TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"))
-    settings = (tmp_path / "toolkit" / "tiny-gpt-oss-local" / "input" / "config" / "hyperparameters.json").read_text()
+
+    def dpo(*overrides):
+        return config(tmp_path, "training.max_steps=400", "training.save_steps=2", "training.merge_adapter=false",
+                      *overrides, preset="tiny-gpt-oss-dpo")  # fmt: skip
+
+    job = TARGET.submit(dpo())
+    run = tmp_path / "toolkit" / "tiny-gpt-oss-dpo"
+    settings = (run / "input" / "config" / "hyperparameters.json").read_text()
     with pytest.raises(TargetError, match=f"is already Slurm job {job.name} .*toolkit jobs stop CONFIG {job.name}"):
-        TARGET.submit(config(tmp_path, "training.max_steps=400", "training.merge_adapter=false"), fresh=True)
-    run = tmp_path / "toolkit" / "tiny-gpt-oss-local"  # one writer: the refused submit touched nothing of the run
+        TARGET.submit(dpo(), fresh=True)
+    # one writer: the refused submit touched nothing of the run
     assert (run / "input" / "config" / "hyperparameters.json").read_text() == settings
     lines: list[str] = []
 
@@ -193,8 +201,10 @@ def test_cancel_checkpoints_and_stops(slurm, tmp_path, monkeypatch):
 
     state = job.wait(controller_blips_then_cancel, poll_seconds=0.5)
     assert state.status is Status.STOPPED, state
+    text = "\n".join(lines)
+    assert "DPO on " in text and "the reference: the base model, adapter off" in text, text[-3000:]
     assert any("cannot query Slurm job" in line and "retrying" in line for line in lines)
-    checkpoints = list((tmp_path / "toolkit" / "tiny-gpt-oss-local" / "checkpoints").glob("checkpoint-*"))
+    checkpoints = list((run / "checkpoints").glob("checkpoint-*"))
     assert checkpoints, "no checkpoint survived the cancellation"
     with pytest.raises(TargetError, match="scancel 4242424 failed: .*[Ii]nvalid job id"):
         SlurmJob("4242424", tmp_path).stop()
