@@ -9,7 +9,8 @@ same model shape, same pairs, in one run, behind a correctness gate.
            toolkit_train/trainer.py, preference_trainer_class.)
   toolkit  entrypoints/toolkit_train/trainer.py as the entrypoint runs training.method dpo: load_for_training
            (model.experts mxfp4: the experts stay packed; attention auto = flex on GPU; gradient checkpointing auto;
-           compile_layers auto, which compiles nothing for DPO's unpacked pairs) and build_trainer (its
+           compile_layers auto, which compiles nothing for DPO; training.packing: each step's replies one packed row,
+           no padding) and build_trainer (its
            PreferenceTrainer: DPOTrainer on the pairs' token ids, reference = the base with the adapter off).
 
 Model: gpt-oss-20b's exact shape with random weights (bench/train_throughput.py's build_packed_model: random e2m1

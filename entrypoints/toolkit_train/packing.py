@@ -226,3 +226,60 @@ def packed_trainer_class():
             return loss
 
     return PackedSFTTrainer
+
+
+@contextmanager
+def pairs_packed(backbone, config) -> Iterator[None]:
+    """DPO's padded batch ([chosen..., rejected...] rows, right-padded) runs through the decoder as one packed row.
+
+    TRL's DPO loss reads per-row log-probabilities from the padded layout, so the packing happens around the decoder
+    alone: its input loses the padding (each row a document: positions restart, masks per document, as SFT's packed
+    micro-batches), its output (final hidden states, router logits) is put back in the padded layout, zeros at the
+    padding, before TRL's head scores the completion tokens. Every call inside (the policy's forward and the
+    reference's, adapter off) is packed; gradient checkpointing re-runs layers, never the decoder's hooks."""
+    import torch
+
+    layouts: list[Any] = []
+    implementation = config._attn_implementation
+
+    def pack(module, args, kwargs):
+        real = kwargs.get("attention_mask")
+        ids = kwargs.get("input_ids")
+        if ids is None or real is None or real.dim() != 2:
+            layouts.append(None)
+            return None  # not a padded batch of token ids: left as it is
+        real = real.bool()
+        rows = torch.arange(real.shape[0], device=real.device)[:, None].expand_as(real)
+        documents = rows[real][None]
+        kwargs = {**kwargs, "input_ids": ids[real][None], "position_ids": (real.cumsum(1) - 1)[real][None]}
+        kwargs["attention_mask"] = attention_masks(config, documents, implementation)
+        layouts.append(real)
+        return args, kwargs
+
+    def unpack(module, args, kwargs, output):
+        real = layouts.pop()
+        if real is None:
+            return output
+        hidden = output.last_hidden_state
+        output.last_hidden_state = hidden.new_zeros((*real.shape, hidden.shape[-1])).masked_scatter(
+            real[..., None], hidden[0]
+        )
+        if getattr(output, "router_logits", None) is not None:  # per layer [tokens, experts] -> [rows x width, ...]
+            flat = real.reshape(-1, 1)
+            output.router_logits = tuple(
+                logits.new_zeros((flat.shape[0], logits.shape[-1])).masked_scatter(
+                    flat, logits.reshape(-1, logits.shape[-1])
+                )
+                for logits in output.router_logits
+            )
+        return output
+
+    handles = [
+        backbone.register_forward_pre_hook(pack, with_kwargs=True),
+        backbone.register_forward_hook(unpack, with_kwargs=True),
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

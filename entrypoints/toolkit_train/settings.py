@@ -342,7 +342,8 @@ class TrainingSettings(StrictModel):
     method: Literal["sft", "dpo"] = Field(
         "sft",
         description="sft: supervised fine-tuning on conversations; dpo: preference tuning on chosen/rejected pairs "
-        "(data.format: preference; the pairs train unpacked, packing does not apply).",
+        "(data.format: preference; with training.packing the chosen and rejected replies of a micro-batch's "
+        "training.per_device_batch_size pairs run as one packed row).",
     )
     dpo: DpoSettings = Field(default_factory=DpoSettings, description="training.method dpo: its loss.")
 

@@ -103,8 +103,13 @@ def compile_layers_for_training(model: Any, settings: TrainSettings) -> int:
 
 
 def uses_packing(settings: TrainSettings) -> bool:
-    """Packed micro-batches: SFT's (DPO's pairs train unpacked, whatever training.packing says)."""
+    """Packed micro-batches of rows: SFT's (DPO packs each micro-batch's pairs instead: packs_pairs)."""
     return settings.training.packing and settings.training.method == "sft"
+
+
+def packs_pairs(settings: TrainSettings) -> bool:
+    """DPO with training.packing: the chosen and rejected replies of a micro-batch's pairs run as one packed row."""
+    return settings.training.packing and settings.training.method == "dpo"
 
 
 def trainer_args(settings: TrainSettings, paths: Paths):
@@ -281,8 +286,10 @@ def build_trainer(
     trainer_class: Any = SFTTrainer
     extra: dict[str, Any] = {}
     if settings.training.method == "dpo":
-        trainer_class = preference_trainer_class()
-        log(f"DPO on {len(dataset)} chosen/rejected pairs (unpacked), beta {settings.training.dpo.beta}, "
+        packed = packs_pairs(settings)
+        trainer_class = preference_trainer_class(packed)
+        layout = "each micro-batch's replies packed in one row, no padding" if packed else "unpacked"
+        log(f"DPO on {len(dataset)} chosen/rejected pairs ({layout}), beta {settings.training.dpo.beta}, "
             f"loss {settings.training.dpo.loss_type}; the reference: the base model, adapter off")  # fmt: skip
     elif settings.training.packing:
         from .model import attention_implementation
@@ -340,7 +347,7 @@ def score_trained_positions_only() -> None:
     trl_utils._use_triton = compact
 
 
-def preference_trainer_class() -> type:
+def preference_trainer_class(packed: bool = False) -> type:
     """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
     rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
     what vLLM serves gpt-oss with.
@@ -352,7 +359,11 @@ def preference_trainer_class() -> type:
     adapter) and, on resume, loaded back from the checkpoint. It is deleted here, once TRL made it: without it TRL's
     reference forward runs under `disable_adapter()` (trl.trainer.utils.use_adapter(model, None)), the base itself,
     the same on a resumed run as on the first (tests/toolkit_train/test_dpo.py: the resumed losses equal the
-    uninterrupted run's)."""
+    uninterrupted run's).
+
+    packed: TRL's loss, its forwards made through a decoder that packs the padded replies into one row
+    (packing.pairs_packed; TRL 1.16's own padding_free is disabled for DPO). Its name, `_compute_loss`, is TRL 1.16's
+    (tests/toolkit_train/test_dpo_parity.py compares it with plain TRL, packed and not)."""
     from trl import DPOTrainer
 
     score_trained_positions_only()
@@ -373,5 +384,14 @@ def preference_trainer_class() -> type:
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return dataset
+
+        def _compute_loss(self, model: Any, inputs: Any, return_outputs: Any) -> Any:
+            if not packed:
+                return super()._compute_loss(model, inputs, return_outputs)
+            from .packing import pairs_packed
+
+            causal_lm = self.accelerator.unwrap_model(self.model).get_base_model()
+            with pairs_packed(causal_lm.get_decoder(), causal_lm.config):
+                return super()._compute_loss(model, inputs, return_outputs)
 
     return PreferenceTrainer

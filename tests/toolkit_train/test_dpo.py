@@ -133,7 +133,8 @@ def test_dpo_killed_then_stopped_resumes_each_time_with_the_base_as_reference_an
     saved = root / "checkpoints"
     code, killed = entrypoint(root, fault="checkpoint-save-4")
     assert code == -signal.SIGKILL and "fault point checkpoint-save-4: killing the run" in killed, killed[-3000:]
-    assert "DPO on 8 chosen/rejected pairs (unpacked), beta 0.1, loss sigmoid" in killed
+    packed = "each micro-batch's replies packed in one row, no padding"
+    assert f"DPO on 8 chosen/rejected pairs ({packed}), beta 0.1, loss sigmoid" in killed
     first = losses(killed)
     assert len(first) == 4
     # the first step: policy == reference, so DPO's loss is -log(sigmoid(0)) = 0.6931, plus the router's

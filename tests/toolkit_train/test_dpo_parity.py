@@ -3,7 +3,8 @@ preference_trainer_class, built by build_trainer with trainer_args, as the entry
 LoRA gradients of plain TRL DPOTrainer configured the standard TRL way, a separate frozen reference model (a deep
 copy of the base, no adapter), on the same harmony-rendered pair of the bundled preference sample: CPU, fp32, the
 tiny gpt-oss (its MXFP4 checkpoint, cached once per machine), dequantized at load and with its experts kept packed.
-Measured: the loss, the rewards and every LoRA gradient bitwise equal (bounds: 1e-6 / 1e-5 relative).
+Measured: the loss, the rewards and every LoRA gradient bitwise equal (bounds: 1e-6 / 1e-5 relative); with
+training.packing (the default) within fp32 rounding (the test's docstring).
 
 The adapter starts away from the identity (lora_B non-zero, the same on both sides): with a fresh adapter
 (lora_B = 0) the policy is the base, and a reference that carries the adapter (TRL's frozen "ref" copy of it, which
@@ -62,11 +63,12 @@ def capturing(trainer_class: type) -> type:
     return Capturing
 
 
-def settings_for(experts: str):
+def settings_for(experts: str, packing: bool = True):
     """The tiny-gpt-oss-dpo preset (its loss, DPO's sigmoid), one step of one pair, fp32, beta BETA; no held-out
     pairs (the preset's data.eval would have the trainer score them before its first step: not what is compared)."""
     overrides = [f"model.id={TINY_MXFP4}", f"model.experts={experts}", "model.dtype=float32", "data.eval=null",
-                 "training.max_steps=1", "training.per_device_batch_size=1", f"training.dpo.beta={BETA}"]  # fmt: skip
+                 "training.max_steps=1", "training.per_device_batch_size=1", f"training.dpo.beta={BETA}",
+                 f"training.packing={str(packing).lower()}"]  # fmt: skip
     settings = load_config("tiny-gpt-oss-dpo", overrides).train_settings()
     assert settings.lora.dropout == 0.0 and settings.training.gradient_accumulation_steps == 1
     return settings
@@ -161,13 +163,23 @@ def plain_trl_scoring(monkeypatch):
     return lambda: monkeypatch.setattr(trl.trainer.utils, "_use_triton", trl.kernels.chunked_logprob._use_triton)
 
 
-@pytest.mark.parametrize("experts", ["bf16", "mxfp4"])
+@pytest.mark.parametrize(("experts", "packing"), [("bf16", False), ("bf16", True), ("mxfp4", True)])
 def test_one_dpo_step_equals_trl_dpo_trainer_with_a_frozen_copy_of_the_base_as_reference(
-    experts, pairs, tmp_path, plain_trl_scoring
+    experts, packing, pairs, tmp_path, plain_trl_scoring, capsys
 ):
+    """Packed (training.packing, the default): the pair's chosen and rejected replies run as one row without the
+    padding TRL's batch has (the replies differ in length); TRL's side is padded, as it ships. Equal within fp32
+    rounding, not bitwise: the attention's sums run over other lengths (measured: loss 3.1e-6,
+    rewards 1.2e-6, gradients 2.9e-6 relative; unpacked: bitwise). Mutation tried: one document for all the replies
+    (the rejected reply attends to the chosen one): the rewards differ by 3.7e-2, failing."""
     tokenizer, dataset = pairs
-    settings = settings_for(experts)
+    settings = settings_for(experts, packing)
+    bound = (
+        {"loss": 1e-5, "rewards": 1e-5, "grads": 2e-5} if packing else {"loss": 1e-6, "rewards": 1e-5, "grads": 1e-5}
+    )
     ours, (trainer, start) = toolkit_step(settings, tokenizer, dataset, tmp_path / "toolkit")
+    layout = "each micro-batch's replies packed in one row, no padding" if packing else "(unpacked)"
+    assert layout in capsys.readouterr().out
     plain_trl_scoring()
     theirs, (trl_trainer, trl_start) = trl_step(settings, tokenizer, dataset, tmp_path / "trl")
 
@@ -186,15 +198,15 @@ def test_one_dpo_step_equals_trl_dpo_trainer_with_a_frozen_copy_of_the_base_as_r
     # term log 2); here they are the policy's log-ratios against the base, and TRL's
     for key in ("rewards/chosen", "rewards/rejected"):
         assert abs(theirs.metrics[key]) > 1e-2, theirs.metrics
-        assert abs(ours.metrics[key] - theirs.metrics[key]) <= 1e-5 * abs(theirs.metrics[key]), (
+        assert abs(ours.metrics[key] - theirs.metrics[key]) <= bound["rewards"] * abs(theirs.metrics[key]), (
             key,
             ours.metrics,
             theirs.metrics,
         )
 
     # the loss and every LoRA gradient
-    assert abs(ours.loss - theirs.loss) <= 1e-6 * abs(theirs.loss), (ours.loss, theirs.loss)
+    assert abs(ours.loss - theirs.loss) <= bound["loss"] * abs(theirs.loss), (ours.loss, theirs.loss)
     assert ours.grads.keys() == theirs.grads.keys() and len(ours.grads) == len(start)
     assert min(float(g.norm()) for g in theirs.grads.values()) > 0  # every LoRA tensor gets a gradient
     errors = {name: relative(ours.grads[name], grad) for name, grad in theirs.grads.items()}
-    assert max(errors.values()) < 1e-5, sorted(errors.items(), key=lambda e: -e[1])[:3]
+    assert max(errors.values()) < bound["grads"], sorted(errors.items(), key=lambda e: -e[1])[:3]

@@ -137,14 +137,13 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
             "training.packing: true",
             "unpacked micro-batches hold training.per_device_batch_size rows",
         ),
-        DPO_UNPACKED := Scope(
+        Scope(
             "training.method",
             ("sft",),
             "remove it: DPO batches training.per_device_batch_size pairs",
-            "DPO's pairs train unpacked",
+            "DPO packs the replies of a micro-batch's pairs, whatever their tokens",
         ),
     ),
-    "training.packing": DPO_UNPACKED,
     "training.dpo": Scope(
         "training.method",
         ("dpo",),

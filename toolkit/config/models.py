@@ -407,7 +407,13 @@ class Config(TrainSettings):
         accumulation = t.gradient_accumulation_steps
         rows_unpacked = t.per_device_batch_size * accumulation * world
         lines = [f"{world} GPU process(es) x {accumulation} micro-batch(es) per optimizer step"]
-        if t.packing:
+        if t.method == "dpo":
+            layout = "one packed row, no padding" if t.packing else "padded rows (training.packing: false)"
+            lines.append(
+                f"DPO: {rows_unpacked} pairs per optimizer step ({t.per_device_batch_size} per micro-batch, their "
+                f"chosen and rejected replies in {layout})"
+            )
+        elif t.packing:
             budget = self.micro_batch_tokens()
             lines.append(
                 f"packed: up to {budget * accumulation * world:,} tokens per optimizer step ({budget:,} per "
