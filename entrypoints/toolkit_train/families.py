@@ -11,6 +11,7 @@ reads it, and fails when a name check appears outside this module).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,8 @@ class ModelFamily:
     chat_format: Literal["harmony", "template"] | None = None
     model_type: str | None = None  # config.json's model_type
     id_marker: str | None = None  # a hub id naming the family contains this (lower case)
+    # a hub id with the marker that names another architecture anyway (a regex on the lower-case id)
+    id_excludes: str | None = None
     lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
     expert_parameters: tuple[str, ...] = ()  # its 3-D MoE expert parameters (lora.target_parameters)
     attention_kernels: tuple[str, ...] | None = None  # the kernels it runs correctly with; None: any
@@ -43,7 +46,10 @@ class ModelFamily:
         here = local_model_type(model_id)
         if here is not None and self.model_type is not None:
             return here == self.model_type
-        return bool(self.id_marker and self.id_marker in model_id.lower())
+        named = model_id.lower()
+        if self.id_excludes and re.search(self.id_excludes, named):
+            return False
+        return bool(self.id_marker and self.id_marker in named)
 
 
 GPT_OSS = ModelFamily(
@@ -70,6 +76,9 @@ QWEN3 = ModelFamily(
     chat_format="template",
     model_type="qwen3",
     id_marker="qwen3",
+    # Qwen3-MoE (qwen3_moe: Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B-...) names its active parameters;
+    # its decoder layer and experts are another architecture's, which no record here describes yet
+    id_excludes=r"-a\d+(\.\d+)?b\b",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     decoder_layer="Qwen3DecoderLayer",
 )  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B); trained locally on the tiny one; serving it is not built yet

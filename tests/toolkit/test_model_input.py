@@ -21,18 +21,21 @@ def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "command",
+    ("command", "model"),
     [
-        ("train", "tiny-gpt-oss-local", "--target", "training-job", "--dry-run"),
-        ("train", "tiny-gpt-oss-local", "--target", "local"),
-        ("data", "prepare", "tiny-gpt-oss-local"),
+        (
+            ("train", "tiny-gpt-oss-local", "--target", "training-job", "--dry-run"),
+            "mistralai/Mistral-7B-Instruct-v0.3",
+        ),
+        (("train", "tiny-gpt-oss-local", "--target", "local"), "mistralai/Mistral-7B-Instruct-v0.3"),
+        (("data", "prepare", "tiny-gpt-oss-local"), "mistralai/Mistral-7B-Instruct-v0.3"),
+        (("train", "tiny-qwen3-local", "--target", "training-job", "--dry-run"), "Qwen/Qwen3-30B-A3B"),
     ],
 )
-def test_a_model_of_no_known_family_is_refused_before_anything_runs(tmp_path, command):
+def test_a_model_of_no_known_family_is_refused_before_anything_runs(tmp_path, command, model):
     """Training renders in a family's chat format (gpt-oss: harmony; Qwen3: its template): a model no family record
     claims would fail inside the job, after an instance started; it is refused here, and the local target starts no
-    run (no runs/ folder)."""
-    model = "mistralai/Mistral-7B-Instruct-v0.3"
+    run (no runs/ folder). Qwen3-MoE is not dense Qwen3, whatever its name says (its record is not built)."""
     output = refused(toolkit(*command, "--set", f"model.id={model}", cwd=tmp_path),
                      f"model.id {model}: training renders conversations in a model family's chat format",
                      "training is built for gpt-oss (harmony), qwen3 (template)")  # fmt: skip
@@ -71,3 +74,24 @@ def test_serving_a_chat_template_model_says_plainly_it_is_not_built(tmp_path, ta
         "model.id builtin:tiny-qwen3: serving a qwen3 fine-tune (its own chat template) is not built yet",
     )
     assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
+
+
+def test_a_qwen3_training_job_is_a_valid_request_the_entrypoint_reads_as_qwen3(tmp_path):
+    """`toolkit train tiny-qwen3-local --target training-job --dry-run`: the CreateTrainingJob request is valid against
+    botocore's service model, and the entrypoint's parser reads back the Qwen3 run (its family's template format)."""
+    import json
+
+    from toolkit_train.settings import from_hyperparameters
+
+    from tests.botocore_model import assert_valid
+
+    result = toolkit("train", "tiny-qwen3-local", "--target", "training-job", "--dry-run",
+                     "--set", "aws.role=arn:aws:iam::123456789012:role/toolkit-execution",
+                     "--set", "aws.bucket=toolkit-test-bucket", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    request = json.loads(result.stdout)
+    assert_valid("sagemaker", "CreateTrainingJob", request)
+    settings = from_hyperparameters(request["HyperParameters"])
+    assert settings.model.id == "builtin:tiny-qwen3" and settings.model.family.name == "qwen3"
+    assert settings.model.family.chat_format == "template"
+    assert list(tmp_path.iterdir()) == [], "a dry run creates nothing"

@@ -21,8 +21,9 @@ SERVING_COPY = ROOT / "containers" / "serving" / "serve.py"
 DATA = {"source": "builtin:multilingual-thinking-sample"}
 OTHER = "mistralai/Mistral-7B-v0.3"  # a causal LM no record claims: the generic family
 FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the code reading it
-    "name", "chat_format", "model_type", "id_marker", "lora_modules", "expert_parameters", "attention_kernels",
-    "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu", "vllm_defaults",
+    "name", "chat_format", "model_type", "id_marker", "id_excludes", "lora_modules", "expert_parameters",
+    "attention_kernels", "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu",
+    "vllm_defaults",
 }  # fmt: skip
 
 
@@ -50,6 +51,23 @@ def test_a_family_is_found_by_hub_name_and_by_a_local_checkpoint(family, tmp_pat
     assert ModelSettings(id=str(checkpoint)).family is family
     assert known_family("/fsx/not-here", is_path=True) is None, "a path that exists only where the job runs"
     assert family_of(OTHER) is GENERIC and known_family(OTHER, is_path=False) is GENERIC
+
+
+def test_a_hub_id_with_the_marker_of_another_architecture_is_not_the_family(tmp_path):
+    """Qwen3-MoE ids carry dense Qwen3's marker (qwen3) and name their active parameters (-A3B, -A22B): they are
+    another architecture (qwen3_moe: other decoder layers, 3-D experts), not trained as dense Qwen3. A checkpoint
+    here is still what its config.json says."""
+    from toolkit_train.families import QWEN3
+
+    assert QWEN3.id_excludes
+    for moe in ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-Coder-30B-A3B-Instruct"):
+        assert family_of(moe) is GENERIC, moe
+    for dense in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-32B"):
+        assert family_of(dense) is QWEN3, dense
+    renamed = tmp_path / "Qwen3-30B-A3B-distilled-dense"
+    renamed.mkdir()
+    (renamed / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert family_of(str(renamed)) is QWEN3
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)

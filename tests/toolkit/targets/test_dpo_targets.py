@@ -1,10 +1,11 @@
 """Every target renders a DPO run (`toolkit train tiny-gpt-oss-dpo --target ... --dry-run`): offline, without
 credentials, creating nothing, validated as the SFT renders are (the CreateTrainingJob request against botocore's
 service model, the HyperPodPyTorchJob and its ConfigMap against the HyperPod SDK's and the Kubernetes client's
-models, the sbatch script by bash and, where the cluster runs, by sbatch --test-only). What each carries to the
-entrypoint is read back with the entrypoint's own parser (toolkit_train.settings.from_hyperparameters, as
-train.py's read_settings does): training.method dpo, training.dpo and the preference rows, exactly the config's
-settings. Cheap: nothing trains (tests/toolkit_train/test_dpo.py trains DPO through the entrypoint)."""
+models, the sbatch script by bash; test_hyperpod_slurm.py submits the DPO preset to a real two-node cluster).
+What each carries to the entrypoint is read back with the entrypoint's own parser
+(toolkit_train.settings.from_hyperparameters, as train.py's read_settings does): training.method dpo, training.dpo
+and the preference rows, exactly the config's settings. Cheap: nothing trains (tests/toolkit_train/test_dpo.py trains
+DPO through the entrypoint)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests import slurm_cluster
 from tests.botocore_model import assert_valid
 from tests.openapi_check import errors
 from toolkit.cli import app
@@ -120,24 +120,3 @@ def hyperpod_sdk_problems(documents: list[dict]) -> list[str]:
     from tests.toolkit.targets.test_hyperpod_eks import hyperpod_sdk_problems as check
 
     return check(documents)
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(not slurm_cluster.available(), reason="slurm-wlm not installed")
-def test_the_dpo_sbatch_script_is_one_a_real_slurm_cluster_accepts(tmp_path, monkeypatch):
-    """sbatch --test-only on a real two-node cluster (its own, <1 s: test_hyperpod_slurm.py's is that module's):
-    slurmctld validates the job and schedules nothing. A DPO run trained across both nodes was measured apart (2
-    steps, 54-59 s on this 2-core machine): over this module's budget, so it is not run here."""
-    from toolkit.targets.hyperpod_slurm import sbatch_script
-
-    cluster = slurm_cluster.SlurmCluster(tmp_path / "slurm").start()
-    try:
-        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-        config = load_config(PRESET, ["target=hyperpod", "hyperpod.orchestrator=slurm", "hyperpod.nodes=2",
-                                      "hyperpod.gpus_per_node=0", f"hyperpod.fsx.mount_path={tmp_path}"])  # fmt: skip
-        script = tmp_path / "dpo.sbatch"
-        script.write_text(sbatch_script(config))  # as the submit writes it: the cluster is asked what it supports
-        accepted = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
-        assert accepted.returncode == 0, accepted.stderr
-    finally:
-        cluster.stop()
