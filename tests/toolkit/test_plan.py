@@ -91,6 +91,15 @@ def test_the_configured_target_comes_first_and_what_does_not_fit_is_left_out():
     assert types["ml.p5.48xlarge"] == "no" and types["ml.p5en.48xlarge"] == "yes"
 
 
+def test_a_dense_qwen3_is_sized_by_its_bf16_weights():
+    """Qwen3-8B's shape is in the table the checks use: the plan names its bf16 weights (8.19 B parameters, ~15 GiB)
+    on each GPU and claims no fit it has not measured."""
+    planned = sdk.plan(load_config("qwen3-8b-lora", ["target=training-job"]), online=False)
+    first = planned.candidates[0]
+    assert first.configured and first.instance_type == "ml.g6e.2xlarge"
+    assert first.fits == "unknown" and "the weights take ~15 GiB of each 48 GiB GPU" in first.fits_detail, first
+
+
 def test_tokens_come_from_data_prepare_statistics_while_they_describe_this_config(tmp_path, monkeypatch):
     """runs/<name>/prepared's sealed statistics count the data; prepared with another max_length (or left
     without its seal) they are not this config's tokens, and plan says why it did not use them."""

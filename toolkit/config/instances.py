@@ -93,6 +93,8 @@ class ModelShape(NamedTuple):
 MODELS: dict[str, ModelShape] = {
     "openai/gpt-oss-20b": ModelShape(20.9, 64, 8, 131072, expert_params_b=24 * 32 * 0.02488),
     "openai/gpt-oss-120b": ModelShape(116.8, 64, 8, 131072, expert_params_b=36 * 128 * 0.02488),
+    # dense Qwen3 (config.json: 36 layers, hidden 4096, 32 heads / 8 KV heads, 40,960 positions, untied head)
+    "Qwen/Qwen3-8B": ModelShape(8.19, 32, 8, 40960),
 }
 
 
