@@ -27,6 +27,8 @@ relative, rewards within 1e-4 relative (reported), LoRA gradients within 1e-4 re
 
   python bench/dpo_throughput.py [--layers N] [--batch B] [--steps S] [--budget-s 470]
   python bench/dpo_throughput.py --tiny          # CPU smoke test of this script (tiny layers)
+  python bench/dpo_throughput.py --variants toolkit-unpacked,toolkit --no-gate --name dpo_throughput_1gpu_packing
+                                                 # the packing lever alone: the toolkit with training.packing off/on
 """
 
 from __future__ import annotations
@@ -233,7 +235,8 @@ def off_identity(model) -> dict:
     for name, parameter in sorted(model.named_parameters()):
         if "lora_B" in name:
             with torch.no_grad():
-                parameter.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(7))
+                drawn = torch.empty(parameter.shape).normal_(0.0, 0.05, generator=torch.Generator().manual_seed(7))
+                parameter.copy_(drawn)  # drawn on the CPU: the same values whichever device holds the model
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
@@ -375,11 +378,16 @@ def throughput(args, scratch: Path, device: str, deadline: float, results: dict,
                         type("T", (), {"_tokenizer": tokenizer, "_is_vision_dataset": False})(),
                         text, tokenizer, DPOConfig(output_dir=str(scratch / "tok"), use_cpu=not cuda()), "train",
                     ).select_columns(["prompt_ids", "chosen_ids", "rejected_ids"])  # fmt: skip
-                trainer, compiled = toolkit_trainer(settings, tokenizer, ids, scratch / "toolkit", capture, [timer])
+                chosen = settings  # toolkit-unpacked: the same, training.packing off (TRL's padded batches)
+                if variant == "toolkit-unpacked":
+                    training = settings.training.model_copy(update={"packing": False})
+                    chosen = settings.model_copy(update={"training": training})
+                trainer, compiled = toolkit_trainer(chosen, tokenizer, ids, scratch / variant, capture, [timer])
                 base = trainer.model.get_base_model()
                 info = {"attention": base.config._attn_implementation, "experts": "mxfp4 (packed)",
                         "gradient_checkpointing": trainer.args.gradient_checkpointing, "bf16": trainer.args.bf16,
-                        "compiled_layers": compiled, "adapters": list(trainer.model.peft_config)}  # fmt: skip
+                        "compiled_layers": compiled, "adapters": list(trainer.model.peft_config),
+                        "packing": chosen.training.packing}  # fmt: skip
             trainer.train()
             results[variant] = info | summary(capture, timer.steps(), args.warmup)
         except Exception as error:  # keep what the other side measured
@@ -432,7 +440,7 @@ def main() -> None:
 
     def write() -> None:
         rows = []
-        for variant in ("trl", "toolkit"):
+        for variant in args.variants:
             r = results.get(variant)
             if r is None:
                 continue
@@ -442,6 +450,9 @@ def main() -> None:
                          "error": (r.get("error") or "")[:60]})  # fmt: skip
         a, b = (results.get(v, {}).get("tokens_per_s") for v in ("trl", "toolkit"))
         results["ratio_toolkit_over_trl"] = round(b / a, 3) if a and b else None
+        u = results.get("toolkit-unpacked", {}).get("tokens_per_s")
+        if u and b:  # the packing lever alone
+            results["ratio_packed_over_unpacked"] = round(b / u, 3)
         g = results.get("gate", {})
         if "loss_rel_diff" in g:
             rows.append({"variant": "gate (2 layers fp32)", "tokens_per_s": f"loss rel {g['loss_rel_diff']:.2e}",
