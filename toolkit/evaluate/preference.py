@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the module, not its function: evaluate_local is looked up at each call (a name bound here at import would keep
+# whatever stood there then: a test's stand-in, in CI, once broke a later test on the same worker)
+from toolkit import evaluate as local_eval
 from toolkit.config import Config
 from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
 from toolkit.evaluate import OnRow, each_row, failure, held_out
-from toolkit.evaluate import evaluate_local as serve_in_turn
 from toolkit.evaluate.report import Scoring
 
 MARGIN = "log_likelihood_margin"  # reported, not gated: nats, unbounded (the gate's metrics are 0..1: EVAL_METRICS)
@@ -162,4 +164,6 @@ def evaluate_local(
     def ask(client: Any, heard: Callable[[ScoredPair, int], None] | None) -> list[ScoredPair]:
         return score_pairs(client, rows, concurrency, heard)
 
-    return serve_in_turn(config, model_dir, limit, max_tokens, concurrency, on_row, on_status, tasks, ask=ask)
+    return local_eval.evaluate_local(
+        config, model_dir, limit, max_tokens, concurrency, on_row, on_status, tasks, ask=ask
+    )
