@@ -89,6 +89,14 @@ def _no_leaked_root_log_handlers():
 
 
 @pytest.fixture(scope="session")
+def qwen3_job_run(tmp_path_factory):
+    """(config, model directory): the tiny Qwen3 preset's trained and merged run, once per session (tests/runs.py)."""
+    from tests.runs import qwen3_job_run
+
+    return qwen3_job_run(tmp_path_factory.mktemp("qwen3-job"))
+
+
+@pytest.fixture(scope="session")
 def moto_server():
     """A real HTTP AWS emulator (moto server) on loopback, for the whole session; its InvokeEndpoint answers the
     deploy's prompt-parity probe as a container rendering like training (tests/aws_emulator.py says why)."""

@@ -106,6 +106,20 @@ def serving(cfg, model: Path):
         yield running
 
 
+# The chat-template family's run: the tiny-qwen3-local preset as it ships (a fifth of the sample held out), for the
+# tests that serve and evaluate a Qwen3 fine-tune (tests/toolkit/deploy/test_serving_chat_template.py,
+# tests/toolkit/test_evaluate_chat_template.py) and read its run record (tests/toolkit/targets/test_local.py).
+QWEN3_JOB = "tiny-qwen3-local"
+
+
+def qwen3_job_run(root: Path):
+    """(config, model directory) of the tiny Qwen3's run under root, trained here by the local target."""
+    from toolkit.config import load_config
+
+    cfg = load_config(QWEN3_JOB, [f"local.output_dir={root}/run"])
+    return cfg, train_for_serving(cfg)
+
+
 # A preference-tuned run (training.method dpo): the tiny-gpt-oss-dpo preset as it ships (a fifth of its pairs held
 # out, 10 steps at beta 0.01), so that `toolkit eval` has held-out pairs to score with the base and the fine-tuned
 # model (tests/toolkit/test_evaluate_preference.py).

@@ -147,17 +147,18 @@ def require_trainable(cfg: Config) -> None:
         )
 
 
-def require_servable(cfg: Config) -> None:
-    """Serving reads replies in harmony and checks the served prompt against training's harmony rendering: a model
-    trained in its own chat template (toolkit_train/formats.py: template) is refused before anything starts (a dense
-    model of no family, serving an adapter trained elsewhere, is not: its replies are plain text)."""
-    family = cfg.model.family
-    if family.chat_format == "template":
-        raise errors.BadInput(
-            f"model.id {cfg.model.id}: serving a {family.name} fine-tune (its own chat template) is not built yet: "
-            "no reasoning parser and no served-vs-trained prompt check for chat templates; its merged model "
-            "(runs/<name>/model/merged) loads in vLLM or transformers as is"
-        )
+def trained_rendering(cfg: Config) -> tuple[Any, Any] | None:
+    """How training rendered the model's conversations, for the served-prompt check (toolkit/deploy/parity.py): its
+    family's chat format and the tokenizer a chat template renders with (harmony needs none); None for a causal LM of
+    no family (an adapter trained elsewhere: no trained prompt to compare with). Read before any server starts, so
+    that a tokenizer that cannot be loaded stops there in one line."""
+    from toolkit_train.formats import for_family
+    from toolkit_train.model import load_tokenizer
+
+    chat_format = for_family(cfg.model.family)
+    if chat_format is None:
+        return None
+    return chat_format, _tokenizer(cfg, load_tokenizer) if chat_format.renders_with_tokenizer else None
 
 
 def _tokenizer(cfg: Config, load: Callable[[Any], Any]) -> Any:
@@ -356,7 +357,6 @@ def render_deploy(
     from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
-    require_servable(cfg)
     if model_package is not None:  # refused as deploy refuses it (UnapprovedModel) when it is not Approved
         endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
         planned = endpoints.requests(package.image, package.model_data)
@@ -389,14 +389,15 @@ def deploy(
     from toolkit.deploy.serving_endpoint import for_config
 
     cfg = _as_config(config, overrides)
-    require_servable(cfg)
+    rendering = trained_rendering(cfg)
 
     def verify() -> None:
+        assert rendering is not None
         (on_status or (lambda _: None))("checking that the endpoint renders prompts as training did")
         client = chat_client(cfg)
-        parity.check(client.send, client.model)
+        parity.check(client.send, client.model, *rendering)
 
-    check = verify if parity.applies(cfg) else None
+    check = verify if rendering is not None else None
     if model_package is not None:
         endpoints, package = endpoint.for_package(cfg, model_package, allow_unapproved)
         if package.note and on_status:
@@ -432,7 +433,6 @@ def serve_local(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
-    require_servable(cfg)
     return LocalServer(cfg, local_model_dir(cfg, model_dir), port).start()
 
 
@@ -444,7 +444,6 @@ def render_serve_local(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
-    require_servable(cfg)
     plan = LocalServer(cfg, local_model_dir(cfg, model_dir), port).plan()
     return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
 
@@ -550,11 +549,7 @@ def evaluate(
     from toolkit.evaluate.report import GENERATED, build, clear, write
 
     cfg = _as_config(config, overrides)
-    if cfg.model.family.chat_format != "harmony":
-        raise EvalInputError(
-            f"model.id {cfg.model.id}: toolkit eval reads replies in harmony, gpt-oss's chat format; evaluating "
-            f"a {cfg.model.family.name} model (its own chat template) is not built yet"
-        )
+    require_trainable(cfg)  # the held-out rows (and a DPO run's pairs) are what training rendered and held out
     pairs = cfg.training.method == "dpo"  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
     if pairs and target == "endpoint":
         raise EvalInputError(
@@ -643,13 +638,19 @@ def evaluation_table(report: dict[str, Any]) -> str:
 
 
 def prompt_drift(config: Config | str | Path, url: str | None = None, target: str = "local") -> list[str]:
-    """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, each
-    effort, developer prompt present and absent); [] when they agree, or when the model is not gpt-oss (the corpus
-    is harmony's; toolkit/deploy/parity.py)."""
-    from toolkit.deploy.parity import applies, drift
+    """Where the served model's prompts differ from training's for the parity corpus (tools, multi-turn, reasoning,
+    each effort, developer prompt present and absent), in the model family's chat format; [] when they agree, or
+    when the model is of no family training renders (toolkit/deploy/parity.py)."""
+    cfg = _as_config(config)
+    rendering = trained_rendering(cfg)
+    return [] if rendering is None else _drift(cfg, rendering, url, target)
 
-    client = chat_client(config, target, url)
-    return drift(client.send, client.model) if applies(_as_config(config)) else []
+
+def _drift(cfg: Config, rendering: tuple[Any, Any], url: str | None, target: str = "local") -> list[str]:
+    from toolkit.deploy.parity import drift
+
+    client = chat_client(cfg, target, url)
+    return drift(client.send, client.model, *rendering)
 
 
 def serve_local_until_stopped(
@@ -671,6 +672,7 @@ def serve_local_until_stopped(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
-    require_servable(cfg)
+    rendering = trained_rendering(cfg)  # before vLLM starts: a tokenizer that cannot be loaded is said first
     server = LocalServer(cfg, local_model_dir(cfg, model_dir), port)
-    server.serve(lambda url: prompt_drift(cfg, url), phase or quietly, on_note, on_serving)
+    drift = None if rendering is None else lambda url: _drift(cfg, rendering, url)
+    server.serve(drift, phase or quietly, on_note, on_serving)

@@ -9,7 +9,7 @@ POST /adapters {"name", "src"} and selects it per request with the X-Amzn-SageMa
 Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 ->
 --tensor-parallel-size 8; "true" -> a bare flag; "false" -> --no-<flag>, vLLM's BooleanOptionalAction form).
 --max-lora-rank: the adapter's rank (adapter_config.json `r`) or TOOLKIT_LORA_RANK, rounded up to a rank vLLM
-allows. A model family's flags come by default (gpt-oss: its reasoning and tool-call parsers). Exit code 2
+allows. A model family's flags come by default (its reasoning and tool-call parsers: gpt-oss's, Qwen3's). Exit code 2
 with a message when the model directory is missing, empty or unreadable.
 """
 
@@ -31,6 +31,10 @@ FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
     "gpt_oss": (
         "gpt-oss",
         {"--reasoning-parser": "openai_gptoss", "--tool-call-parser": "openai", "--enable-auto-tool-choice": None},
+    ),
+    "qwen3": (
+        "qwen3",
+        {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
     ),
 }
 

@@ -81,7 +81,9 @@ QWEN3 = ModelFamily(
     id_excludes=r"-a\d+(\.\d+)?b\b",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     decoder_layer="Qwen3DecoderLayer",
-)  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B); trained locally on the tiny one; serving it is not built yet
+    # vLLM 0.32's parsers for Qwen3's template: the reasoning in <think>, tool calls as JSON in <tool_call> (hermes)
+    vllm_defaults={"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
+)  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B)
 GENERIC = ModelFamily(name="causal LM")
 FAMILIES = (GPT_OSS, QWEN3)  # every family but the generic one
 

@@ -34,6 +34,8 @@ class FormatError(ValueError):
 
 class ChatFormat:
     name = ""
+    developer_role = False  # it renders a developer message apart from the system prompt (harmony's instructions)
+    renders_with_tokenizer = True  # its rendering reads the tokenizer (a chat template); harmony's is its own
 
     def check(self, tokenizer) -> None:
         """Raises FormatError when the tokenizer cannot render this format."""
@@ -68,6 +70,8 @@ class Harmony(ChatFormat):
     o200k_harmony (its ids are harmony's own)."""
 
     name = "harmony"
+    developer_role = True
+    renders_with_tokenizer = False
 
     def check(self, tokenizer) -> None:
         for token in ("<|start|>", "<|channel|>", "<|message|>", "<|return|>", "<|call|>"):

@@ -285,18 +285,19 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
         torch.set_num_threads(threads)
 
 
-def _pretrain_steps(model, tokenizer, sequences: list, used, to_used) -> None:
-    """The optimizer's loop of `_pretrain`: batches of the sequences, the softmax over the used tokens + one."""
+def _pretrain_steps(model, tokenizer, sequences: list, used, to_used, recipe: dict[str, Any] = RECIPE) -> None:
+    """The optimizer's loop of `_pretrain`: batches of the sequences, the softmax over the used tokens + one.
+    `recipe`: its steps, batch size, peak learning rate and seed (another tiny model's)."""
     import math
     import random
 
     import torch
 
-    steps, batch, peak = RECIPE["pretrain_steps"], RECIPE["pretrain_batch"], RECIPE["pretrain_learning_rate"]
+    steps, batch, peak = recipe["pretrain_steps"], recipe["pretrain_batch"], recipe["pretrain_learning_rate"]
     unused_row = torch.nn.Parameter(torch.zeros(model.config.hidden_size))
     log_unused = math.log(len(tokenizer) - len(used))  # the other tokens' share of the softmax, all on one row
     optimizer = torch.optim.AdamW([*model.parameters(), unused_row], lr=peak, weight_decay=0.0)
-    rng = random.Random(RECIPE["seed"])
+    rng = random.Random(recipe["seed"])
     model.train()
     for step in range(steps):
         for group in optimizer.param_groups:  # short warmup, then cosine to zero

@@ -6,8 +6,13 @@ any text encodes), with Qwen's special tokens (`<|endoftext|>`, `<|im_start|>`, 
 (`<think>`, `<tool_call>`, `<tool_response>`, ...). Its chat template is Qwen3's own (reasoning in `<think>`, the
 reasoning of turns before the last user message dropped, tools in `<tools>`, calls in `<tool_call>`) with
 `{% generation %}` markers around what the assistant generates (from its `<think>` through `<|im_end|>`), so the
-trained tokens are the template's own assistant mask. The weights are random (seeded: every process builds the
-same model); nothing is pre-trained: it proves the chat-template path trains end to end, not what it learns.
+trained tokens are the template's own assistant mask.
+
+Pre-trained like the tiny gpt-oss (toolkit_train/tiny_model.py, seeded, fixed CPU threads: every machine builds the
+same weights), on the same generated conversations (`tiny_corpus`: no bundled sample row among them, the reasoning
+in English most of the time whatever the system prompt asks), rendered with this template: it writes Qwen3's shape
+(`<think>` reasoning `</think>` answer `<|im_end|>`), which the served model's reasoning parser takes apart, and a
+fine-tune on the multilingual sample has a skill to teach (reasoning in the language the system prompt names).
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ RECIPE: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "seed": 0,
     "template": 1,  # the template's version (CHAT_TEMPLATE): a change rebuilds the model
+    # pre-training on tiny_corpus's conversations (tiny_model.pretraining_conversations), every token, all weights
+    "pretrain_text": "tiny_corpus conversations in this template",
+    "pretrain_conversations": 1000,
+    "pretrain_steps": 300,
+    "pretrain_threads": 2,  # the same arithmetic on every machine (a CPU's thread count changes float sums)
+    "pretrain_batch": 16,
+    "pretrain_learning_rate": 3e-3,
 }
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -123,7 +135,35 @@ def _build(out: Path) -> None:
         tie_word_embeddings=False,
     )
     torch.manual_seed(RECIPE["seed"])
-    Qwen3ForCausalLM(config).save_pretrained(out)
+    model = Qwen3ForCausalLM(config)
+    _pretrain(model, tokenizer)
+    model.save_pretrained(out)
     eos = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def _pretrain(model, tokenizer) -> None:
+    """Next-token training on every token of tiny_corpus's conversations rendered with the chat template (the tiny
+    gpt-oss's loop: `tiny_model._pretrain_steps`)."""
+    import torch
+
+    from .formats import CHAT_TEMPLATE as TEMPLATE_FORMAT
+    from .tiny_model import _pretrain_steps, _progress, pretraining_conversations
+
+    _progress(f"pre-training the tiny Qwen3 ({RECIPE['pretrain_steps']} steps)")
+    conversations = pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"])
+    sequences = [
+        torch.tensor(tokenizer.apply_chat_template(TEMPLATE_FORMAT.messages({"messages": c}, tokenizer),
+                                                   tokenize=True, return_dict=True)["input_ids"])
+        for c in conversations
+    ]  # fmt: skip
+    used = torch.unique(torch.cat(sequences))
+    to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
+    to_used[used] = torch.arange(len(used))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RECIPE["pretrain_threads"])
+    try:
+        _pretrain_steps(model, tokenizer, sequences, used, to_used, RECIPE)
+    finally:
+        torch.set_num_threads(threads)

@@ -118,6 +118,11 @@ def test_format_checks_and_the_interval():
         row, "", "Ich frage das Wetter ab.", "stop", tool_calls=[{"id": "c", "name": "w", "arguments": "{}"}]
     )
     assert format_problems(called) == []  # a tool call is an answer too
+    # a Qwen3 reply the server's parsers could not take apart: an unclosed <think>, a tool call that is not JSON
+    unparsed = Generated(row, '<think>\nDie Frage <tool_call>\n{"name": w</tool_call>', "", "stop")
+    assert format_problems(unparsed) == [
+        "has no reasoning (analysis channel)", "shows chat-template tags: </tool_call> <think> <tool_call>",
+    ]  # fmt: skip
     assert not runaway("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen 16")
     low, high = bootstrap_interval([0.1, 0.2, 0.3, 0.4])
     assert 0.1 <= low < 0.25 < high <= 0.4 and bootstrap_interval([1.0]) is None

@@ -100,3 +100,22 @@ def test_eval_of_a_dpo_config_without_what_it_needs_says_what_to_do(extra, said,
     result = CliRunner().invoke(app, ["eval", DPO_JOB, "--set", f"local.output_dir={tmp_path}", *extra])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output[-2000:]
     assert said in result.output and "\n" not in result.output.strip(), result.output
+
+
+def test_held_out_pairs_of_a_chat_template_model_are_rendered_with_its_template():
+    """A DPO run of the tiny Qwen3 is scored on pairs rendered as it was trained (its own chat template): the prompt
+    as vLLM renders the chat request (through the generation prompt), each reply through its <|im_end|>."""
+    from toolkit_train.model import load_tokenizer
+
+    from toolkit.config import load_config
+    from toolkit.evaluate.preference import pair_rows
+
+    cfg = load_config("tiny-qwen3-local", ["training.method=dpo", "data.format=preference",
+                                           "data.source=builtin:preference-sample", "data.overlong=drop"])  # fmt: skip
+    tokenizer = load_tokenizer(cfg.model)
+    rows = pair_rows(cfg)
+    assert rows
+    for row in rows:
+        assert tokenizer.decode(row.prompt_ids).endswith("<|im_start|>assistant\n"), row.where
+        for reply in (row.chosen_ids, row.rejected_ids):
+            assert tokenizer.decode(reply).startswith("<think>") and tokenizer.decode(reply).endswith("<|im_end|>")

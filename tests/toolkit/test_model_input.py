@@ -57,22 +57,12 @@ def test_a_hub_model_that_is_not_here_is_one_line_not_a_traceback(tmp_path):
             "or point model.id at a local checkpoint directory")  # fmt: skip
 
 
-def test_eval_of_a_chat_template_model_says_plainly_it_is_not_built(tmp_path):
-    """Training a Qwen3 works; eval reads harmony replies: it says so before any server starts or file is read."""
-    output = refused(toolkit("eval", "tiny-qwen3-local", cwd=tmp_path),
-                     "model.id builtin:tiny-qwen3: toolkit eval reads replies in harmony",
-                     "evaluating a qwen3 model (its own chat template) is not built yet")  # fmt: skip
-    assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
-
-
-@pytest.mark.parametrize("target", ["local", "endpoint"])
-def test_serving_a_chat_template_model_says_plainly_it_is_not_built(tmp_path, target):
-    """A trained Qwen3 is not served by the toolkit yet (no reasoning parser, no prompt check): the dry run already
-    says so in one line, nothing rendered or started."""
-    output = refused(
-        toolkit("deploy", "tiny-qwen3-local", "--target", target, "--dry-run", cwd=tmp_path),
-        "model.id builtin:tiny-qwen3: serving a qwen3 fine-tune (its own chat template) is not built yet",
-    )
+def test_eval_of_a_model_of_no_family_says_plainly_it_is_not_built(tmp_path):
+    """Eval scores the rows training held out, rendered in the family's chat format: a causal LM of no family is
+    refused as training refuses it, before any server starts or file is read."""
+    output = refused(toolkit("eval", "tiny-qwen3-local", "--set", "model.id=mistralai/Mistral-7B-v0.3", cwd=tmp_path),
+                     "model.id mistralai/Mistral-7B-v0.3: training renders conversations in a model family's chat "
+                     "format, and this model is of no family it knows")  # fmt: skip
     assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
 
 

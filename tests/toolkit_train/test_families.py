@@ -161,16 +161,24 @@ def test_no_module_branches_on_a_family_name():
     assert offenders == [], "use the family record (toolkit_train/families.py):\n" + "\n".join(offenders)
 
 
-def test_the_prompt_parity_check_runs_for_harmony_families_only():
+def test_the_prompt_parity_check_runs_in_every_familys_chat_format(monkeypatch):
+    """Deploy compares the served prompts with training's rendering in the family's format (a template with the
+    model's tokenizer); a causal LM of no family has no trained rendering and is not checked."""
+    from toolkit_train.formats import for_family
+
+    import toolkit.sdk
     from toolkit.config import Config
-    from toolkit.deploy import parity
 
     def config(model_id: str) -> Config:
         return Config.model_validate({"name": "parity", "model": {"id": model_id}, "data": DATA})
 
+    # no hub here: the hub ids' tokenizers are stood in for (loading one is tested in tests/toolkit/test_model_input.py)
+    monkeypatch.setattr(toolkit.sdk, "_tokenizer", lambda cfg, load: f"tokenizer of {cfg.model.id}")
     for family in FAMILIES:
-        assert parity.applies(config(hub_id(family))) == (family.chat_format == "harmony")
-    assert not parity.applies(config(OTHER))
+        chat_format, tokenizer = toolkit.sdk.trained_rendering(config(hub_id(family)))  # type: ignore[misc]
+        assert chat_format is for_family(family), family.name
+        assert tokenizer == (f"tokenizer of {hub_id(family)}" if chat_format.renders_with_tokenizer else None)
+    assert toolkit.sdk.trained_rendering(config(OTHER)) is None
 
 
 def test_every_family_has_a_chat_format_training_renders():

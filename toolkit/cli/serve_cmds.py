@@ -166,7 +166,7 @@ def invoke(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Ask the served model: the reasoning (analysis channel) and the final answer are shown apart."""
+    """Ask the served model: its reasoning (analysis channel, or a template's <think>) and answer are shown apart."""
     from toolkit import sdk
     from toolkit.sdk import (
         before_markup,

@@ -1,7 +1,8 @@
 """A chat client for the served model: a SageMaker endpoint (sagemaker-runtime) or a local server (HTTP).
 
 Both speak the same request: an OpenAI chat completion posted to the SageMaker hosting route `/invocations`.
-vLLM's gpt-oss reasoning parser returns the analysis channel apart from the final answer; both are kept apart here.
+vLLM's reasoning parser of the model's family returns the reasoning apart from the answer (gpt-oss: the analysis
+channel apart from the final one; Qwen3: what is in <think> apart from what follows); both are kept apart here.
 """
 
 from __future__ import annotations
@@ -126,20 +127,30 @@ def messages_for(question: str, reasoning_language: str | None = None, system: s
     return [*messages, {"role": "user", "content": question}]
 
 
-SPECIAL_TOKEN = re.compile(r"<\|[a-z_0-9]+\|>")  # harmony's <|start|>, <|channel|>, <|reserved_200502|>, ...
+SPECIAL_TOKEN = re.compile(r"<\|[a-z_0-9]+\|>")  # harmony's <|start|>, <|channel|>, ...; Qwen's <|im_end|>
 PARTIAL_TOKEN = re.compile(r"(<(\|[a-z_0-9]*\|?)?)?$")  # the end of a text that may begin a token (or nothing)
 
 
+# a chat template's reasoning and tool-call tags (Qwen3's): in a parsed reply's text they are markup the server's
+# parsers failed to take apart (an unclosed <think>, a <tool_call> that is not JSON)
+TEMPLATE_TAG = re.compile(r"</?(?:think|tool_call|tool_response)>")
+
+
 def reply_problems(reply: ChatReply) -> list[str]:
-    """What keeps a reply from being a gpt-oss answer shown apart: both channels present, no raw special tokens."""
+    """What keeps a reply from being an answer with its reasoning shown apart: both parts present (gpt-oss's
+    analysis and final channels; a template's <think> and what follows), no raw special tokens or template tags."""
     problems = []
     if not reply.reasoning.strip():
         problems.append("has no reasoning (analysis channel)")
     if not reply.content.strip() and not reply.tool_calls:  # a tool call is an answer too (the turn ends there)
         problems.append("has no answer (final channel)")
-    leaked = sorted(set(SPECIAL_TOKEN.findall(reply.reasoning + reply.content)))
+    text = reply.reasoning + reply.content
+    leaked = sorted(set(SPECIAL_TOKEN.findall(text)))
     if leaked:
         problems.append("shows special tokens: " + " ".join(leaked))
+    tags = sorted(set(TEMPLATE_TAG.findall(text)))
+    if tags:
+        problems.append("shows chat-template tags: " + " ".join(tags))
     return problems
 
 

@@ -1,10 +1,12 @@
-"""The served prompt is the trained prompt: for a corpus of chat requests covering every harmony feature the toolkit
-trains (tools, tool results, multi-turn with and without tool calls, each reasoning effort, the developer prompt
+"""The served prompt is the trained prompt: for a corpus of chat requests covering every feature the toolkit trains
+(tools, tool results, multi-turn with and without tool calls, reasoning, each reasoning effort, the developer prompt
 present and absent), the prompt token ids a running vLLM renders (`return_token_ids`) must equal the ids training
-renders for the same conversation up to the assistant turn being generated (toolkit_train/harmony.py).
+renders for the same conversation up to the assistant turn being generated, in the model family's chat format
+(toolkit_train/formats.py: harmony for gpt-oss, the tokenizer's own chat template for Qwen3).
 `toolkit deploy` runs it against the model it serves, on a SageMaker endpoint (through InvokeEndpoint, the OpenAI
 body on the container's /invocations route) and locally (`--target local`), and refuses to finish on drift
-(`PromptDrift`, exit 1). The corpus is harmony's: it applies to gpt-oss models, which vLLM renders with harmony.
+(`PromptDrift`, exit 1). A template is checked with the tokenizer training rendered with: a served template that
+differs (another template, `--chat-template`, template kwargs such as Qwen3's `enable_thinking`) is drift.
 """
 
 from __future__ import annotations
@@ -16,17 +18,12 @@ from typing import TYPE_CHECKING, Any
 from toolkit.deploy import Refused
 
 if TYPE_CHECKING:
-    from toolkit.config import Config
+    from toolkit_train.formats import ChatFormat
 
 
 class PromptDrift(Refused):
     """The served model renders a request differently from training (exit 1); the message names the feature and
     the first differing token."""
-
-
-def applies(config: Config) -> bool:
-    """Whether the corpus is the model's format: a harmony family's (gpt-oss). Another's prompts are its template's."""
-    return config.model.family.chat_format == "harmony"
 
 
 WEATHER = {
@@ -126,52 +123,77 @@ def generation_points(messages: list[dict]) -> list[int]:
     ]
 
 
+def corpus(chat_format: ChatFormat) -> dict[str, dict[str, Any]]:
+    """The corpus as requests for this format: a format with no developer role (a chat template) gets the
+    developer prompt as the system message, as its rows are trained (formats.ChatTemplate.validate refuses it)."""
+    if chat_format.developer_role:
+        return CORPUS
+    return {
+        name: {**row, "messages": [dict(m, role="system") if m["role"] == "developer" else m for m in row["messages"]]}
+        for name, row in CORPUS.items()
+    }
+
+
 def request(row: dict, upto: int) -> dict:
     body: dict = {"messages": row["messages"][:upto]}
     body.update({k: row[k] for k in ("tools", "reasoning_effort") if k in row})
     return body
 
 
-def drift(send: Callable[[dict], dict], model: str) -> list[str]:
-    """One line per request of the corpus whose served prompt differs from training's; [] when none does."""
+def drift(
+    send: Callable[[dict], dict], model: str, chat_format: ChatFormat | None = None, tokenizer: Any = None
+) -> list[str]:
+    """One line per request of the corpus whose served prompt differs from training's; [] when none does.
+    `chat_format`: the model family's (harmony when not given); `tokenizer`: the one training renders a chat
+    template with (harmony needs none)."""
     from toolkit_train import harmony
+    from toolkit_train.formats import HARMONY
 
+    chat_format = chat_format or HARMONY
     problems = []
-    for name, row in CORPUS.items():
+    for name, row in corpus(chat_format).items():
         conversation = harmony.normalize(row, row["messages"], "medium")
+        examples = chat_format.examples(conversation, tokenizer)
         for upto in generation_points(row["messages"]):
             partial = harmony.normalize(row, row["messages"][:upto], "medium", complete=False)
-            expected = harmony.prompt_ids(partial)
+            expected = chat_format.prompt_ids(partial, tokenizer)
             turn = sum(
                 bool(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"))
                 for m in row["messages"][:upto]
             )
-            trained = harmony.examples(conversation)[turn].ids[: len(expected) - 2]
+            trained = examples[turn].ids[: len(expected)]  # the turn's example begins with the prompt it answers
             reply: dict[str, Any] = send(
                 {"model": model, "max_tokens": 1, "return_token_ids": True, **request(row, upto)}
             )
             served = reply.get("prompt_token_ids") or []
-            if served[:-2] != trained or expected[:-2] != trained:
-                problems.append(f"{name} (turn {turn + 1}, after message {upto}): {_first_difference(served, trained)}")
+            if served != trained or expected != trained:
+                problems.append(
+                    f"{name} (turn {turn + 1}, after message {upto}): {_first_difference(served, trained, tokenizer)}"
+                )
     return problems
 
 
-def _first_difference(served: list[int], trained: list[int]) -> str:
+def _first_difference(served: list[int], trained: list[int], tokenizer: Any = None) -> str:
     from toolkit_train import harmony
 
-    at = next((i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), len(trained))
+    at = next(
+        (i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), min(len(served), len(trained))
+    )
+    decode = tokenizer.decode if tokenizer is not None else harmony.encoding().decode
 
     def token(ids: list[int]) -> str:
-        return f"{harmony.encoding().decode([ids[at]])!r} ({ids[at]})" if at < len(ids) else "the prompt's end"
+        return f"{decode([ids[at]])!r} ({ids[at]})" if at < len(ids) else "the prompt's end"
 
     return (f"the served prompt differs from training's at token {at} of {len(trained)}: served {token(served)}, "
             f"trained {token(trained)}")  # fmt: skip
 
 
-def check(send: Callable[[dict], dict], model: str) -> None:
+def check(
+    send: Callable[[dict], dict], model: str, chat_format: ChatFormat | None = None, tokenizer: Any = None
+) -> None:
     """PromptDrift (one line: the first differing feature and token, and how many requests differ) unless the
     served prompts are the trained prompts for the whole corpus."""
-    problems = drift(send, model)
+    problems = drift(send, model, chat_format, tokenizer)
     if problems:
         more = f" (and {len(problems) - 1} more of the corpus's requests)" if len(problems) > 1 else ""
         raise PromptDrift(f"the served prompt is not the trained prompt: {problems[0]}{more}")

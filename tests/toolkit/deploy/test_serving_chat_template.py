@@ -1,0 +1,122 @@
+"""Serving a chat-template family for real (issue 47): the tiny Qwen3 preset's fine-tune (the session's shared run),
+served by `toolkit deploy --target local` as a user runs it (the CLI in its own process: real vLLM with the family's
+reasoning and tool-call parsers, the prompt-parity check through the model's own chat template), asked through the
+official openai client and `toolkit invoke`; a served template that renders otherwise than training is caught.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import toolkit
+from tests.runs import free_port
+from toolkit.cli import app
+from toolkit.deploy.client import messages_for, reply_problems
+
+pytestmark = pytest.mark.integration
+# one of the bundled sample's questions (held out or not, the tiny Qwen3 answers in its template's shape)
+QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
+
+
+@pytest.fixture(scope="module")
+def deployed(qwen3_job_run, tmp_path_factory):
+    """`toolkit deploy tiny-qwen3-local --target local` in its own process until it says it serves (its
+    prompt-parity check passed); (config, url, what it printed, its working directory). Interrupted (Ctrl-C) at the
+    end: it stops the server and exits 0."""
+    cfg, model = qwen3_job_run
+    port = free_port()
+    cwd = tmp_path_factory.mktemp("qwen3-deploy")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "deploy", cfg.name, "--target", "local", "--model-dir", str(model),
+         "--port", str(port)],
+        cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert cli.stdout is not None
+    shown = []
+    for line in cli.stdout:
+        shown.append(line)
+        if line.startswith("serving "):
+            break
+    assert shown and shown[-1].startswith("serving "), "".join(shown)
+    try:
+        yield cfg, f"http://127.0.0.1:{port}", "".join(shown), cwd
+    finally:
+        cli.send_signal(signal.SIGINT)
+        rest, _ = cli.communicate(timeout=120)
+        assert cli.returncode == 0, rest
+
+
+def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deployed):
+    """The served model is the merged fine-tune, with vLLM's Qwen3 reasoning parser and hermes tool-call parser (the
+    family record's defaults, through the serving image's copy), and deploy checked the served prompts first."""
+    cfg, _, shown, cwd = deployed
+    assert "checking that vLLM renders prompts as training did" in shown, shown
+    log = (cwd / "runs" / cfg.name / "serve.log").read_text()
+    command = next(line for line in log.splitlines() if line.startswith("serve: vllm serve ")).split()
+    assert command[3].endswith("/model/merged"), command
+    for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "hermes")):
+        assert command[command.index(flag) + 1] == value, command
+    assert "--enable-auto-tool-choice" in command
+
+
+def test_the_official_openai_client_gets_the_reasoning_apart_from_the_answer(deployed):
+    """Qwen3's shape (<think> reasoning </think> answer <|im_end|>) comes back parsed: the reasoning in its own field,
+    the answer without tags, ended by the model itself (greedy: the pre-trained tiny base writes the shape)."""
+    import openai
+
+    cfg, url, *_ = deployed
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    completion = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=200, temperature=0)
+    message = completion.choices[0].message
+    reasoning = (message.model_extra or {}).get("reasoning") or (message.model_extra or {}).get("reasoning_content")
+    assert reasoning and message.content, message
+    assert completion.choices[0].finish_reason == "stop", completion
+    assert "<think>" not in message.content + reasoning and "</think>" not in message.content + reasoning
+
+
+def test_toolkit_invoke_shows_reasoning_and_answer_apart(deployed):
+    cfg, url, *_ = deployed
+    result = CliRunner().invoke(app, ["invoke", cfg.name, "Wie viele Minuten hat ein Tag?", "--reasoning-language",
+                                      "French", "--url", url, "--temperature", "0", "--max-tokens", "200",
+                                      "--no-stream", "--check"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "reasoning:" in result.output and "<think>" not in result.output, result.output
+
+
+def test_the_served_prompt_is_the_trained_prompt_and_a_drifted_template_is_caught(deployed):
+    """The parity corpus (tools, tool results, multi-turn, reasoning, the developer prompt as system) renders in
+    the running vLLM exactly as training's template rendering. A request whose template renders otherwise (Qwen3's
+    `enable_thinking: false`, which writes an empty <think> into the prompt: a model served so is asked in a shape
+    it was not trained on) is drift, named by its first differing token."""
+    from toolkit.deploy.parity import drift
+
+    cfg, url, *_ = deployed
+    assert toolkit.sdk.prompt_drift(cfg, url) == []
+    client = toolkit.sdk.chat_client(cfg, url=url)
+    chat_format, tokenizer = toolkit.sdk.trained_rendering(cfg)  # type: ignore[misc]
+
+    def without_thinking(body: dict) -> dict:
+        return client.send({**body, "chat_template_kwargs": {"enable_thinking": False}})
+
+    problems = drift(without_thinking, client.model, chat_format, tokenizer)
+    assert problems, "a prompt with an empty <think> block passed as training's"
+    assert all("differs from training's at token" in p and "served '<think>'" in p for p in problems), problems
+
+
+def test_a_reply_with_tools_is_parsed_by_the_familys_tool_parser(deployed):
+    """A request with tools renders them in the template (<tools>) and the reply comes back parsed: a call in
+    tool_calls or an answer, never raw <tool_call> markup in the text."""
+    cfg, url, *_ = deployed
+    client = toolkit.sdk.chat_client(cfg, url=url)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    reply = client.chat(QUESTION, max_tokens=200, temperature=0.0, tools=[weather])
+    assert reply.finish_reason in ("stop", "tool_calls"), reply
+    assert not [p for p in reply_problems(reply) if "tags" in p or "special tokens" in p], reply
+    assert reply.tool_calls or reply.content.strip(), reply
