@@ -20,7 +20,7 @@ BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-calling sample too (its tokens)
-TINY_QWEN3 = "builtin:tiny-qwen3"  # a tiny random-weight dense Qwen3 with Qwen3's chat template (tiny_qwen3.py)
+TINY_QWEN3 = "builtin:tiny-qwen3"  # a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline (tiny_qwen3.py)
 BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
@@ -103,7 +103,7 @@ class ModelSettings(StrictModel):
         "or dense Qwen3 (its own chat template); other models are refused. "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
         f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too); "
-        f"`{TINY_QWEN3}` a tiny random-weight dense Qwen3 with Qwen3's chat template."
+        f"`{TINY_QWEN3}` a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline on generated conversations."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
