@@ -351,8 +351,10 @@ def throughput(args, scratch: Path, device: str, deadline: float, results: dict,
             continue
         share = (deadline - time.perf_counter()) / (2 if variant == "trl" and "toolkit" in args.variants else 1)
         capture, timer = Capture(grads=False), clock(time.perf_counter() + share - 30, args.warmup + 2)
+        held = 0.0
         if cuda():
             torch.cuda.reset_peak_memory_stats()
+            held = round(torch.cuda.memory_allocated() / 2**30, 2)  # what earlier variants left: 0 when all freed
         try:
             if variant == "trl":
                 if packed is None:
@@ -389,14 +391,16 @@ def throughput(args, scratch: Path, device: str, deadline: float, results: dict,
                         "compiled_layers": compiled, "adapters": list(trainer.model.peft_config),
                         "packing": chosen.training.packing}  # fmt: skip
             trainer.train()
-            results[variant] = info | summary(capture, timer.steps(), args.warmup)
+            results[variant] = info | summary(capture, timer.steps(), args.warmup) | {"held_at_start_gib": held}
         except Exception as error:  # keep what the other side measured
             results[variant] = {"error": f"{type(error).__name__}: {error}"[:2000],
                                 "traceback": traceback.format_exc()[-4000:]}  # fmt: skip
             if capture.tokens:
                 results[variant] |= summary(capture, timer.steps(), args.warmup)
         print(f"[dpo] {variant}: {json.dumps({k: v for k, v in results[variant].items() if k != 'traceback'})}")
-        trainer = plain = None
+        # every reference to this variant's model goes (`base` kept a whole model alive: the next variant's peak
+        # memory counted it, 6.9 GiB at 12 layers, whichever variant ran second)
+        trainer = plain = base = None
         free()
         write()
 
