@@ -44,13 +44,16 @@ if [ -z "${SKIP_DEMO:-}" ]; then
   grep -qE "^\| validation loss \(lower is better\) \| [0-9]+ \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   grep -qE "^registry.gate: gate passed: reasoning_language" .demo.log
   # what the fine-tune is for, learned on rows neither model saw: reasoning_language's 95% interval of the
-  # difference above zero on >= 12 rows (chrF is printed, not required: the tiny fine-tune's answers score lower, #44)
+  # difference above zero on >= 12 rows, and the answers not significantly worse (chrF's interval reaches zero)
   "$VENV/bin/python" - <<'CHECK'
 import json, sys
-skill = json.load(open("runs/tiny-gpt-oss-local/eval/report.json"))["metrics"]["reasoning_language"]
+metrics = json.load(open("runs/tiny-gpt-oss-local/eval/report.json"))["metrics"]
+skill, answers = metrics["reasoning_language"], metrics["chrF"]
 problems = [f"only {skill['rows']} held-out rows scored (12 needed)"] if skill["rows"] < 12 else []
 if skill["ci95"][0] <= 0:
     problems.append(f"reasoning_language's 95% interval {skill['ci95']} does not lie above zero")
+if answers["ci95"][1] < 0:
+    problems.append(f"chrF's 95% interval {answers['ci95']} lies below zero: the fine-tune made the answers worse")
 sys.exit("; ".join(problems) or None)
 CHECK
 fi
