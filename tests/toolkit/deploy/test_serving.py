@@ -125,7 +125,10 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_in_reasoning_or_
     _, free = ask()
     reasoning, answer = free["reasoning"], free["content"]
     assert reasoning and answer
-    in_reasoning = reasoning.split()[len(reasoning.split()) // 2].strip(".,")
+    # a word of 4+ letters from the reasoning's second half, found once in it: with the one-letter word "y" as the stop
+    # string, vLLM 0.32 answered with no reasoning at all (CI, the 90-step main job; not investigated further)
+    words = [word.strip(".,") for word in reasoning.split()]
+    in_reasoning = next(w for w in words[len(words) // 2 :] if len(w) >= 4 and reasoning.count(w) == 1)
     stopped, message = ask(stop=[in_reasoning])
     assert (stopped.finish_reason, stopped.model_extra.get("stop_reason")) == ("stop", in_reasoning)
     assert message["reasoning"] == reasoning[: reasoning.index(in_reasoning) + len(in_reasoning)]
