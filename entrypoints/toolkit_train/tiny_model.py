@@ -273,14 +273,21 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
     encoded = _tokenize(pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"], tools), tokenizer)
     documents = pretraining_documents(RECIPE["pretrain_documents"], RECIPE["seed"])
     encoded["input_ids"] += [tokenizer(text, add_special_tokens=False)["input_ids"] for text in documents]
-    sequences = [torch.tensor(ids) for ids in encoded["input_ids"]]
+    _pretrain_on(model, tokenizer, [torch.tensor(ids) for ids in encoded["input_ids"]])
+
+
+def _pretrain_on(model, tokenizer, sequences: list, recipe: dict[str, Any] = RECIPE) -> None:
+    """`_pretrain_steps` on these token sequences, the softmax over the tokens they use (+ one class for the rest),
+    with the recipe's CPU thread count (the same arithmetic on every machine). `recipe`: another tiny model's."""
+    import torch
+
     used = torch.unique(torch.cat(sequences))
     to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
     to_used[used] = torch.arange(len(used))
     threads = torch.get_num_threads()
-    torch.set_num_threads(RECIPE["pretrain_threads"])
+    torch.set_num_threads(recipe["pretrain_threads"])
     try:
-        _pretrain_steps(model, tokenizer, sequences, used, to_used)
+        _pretrain_steps(model, tokenizer, sequences, used, to_used, recipe)
     finally:
         torch.set_num_threads(threads)
 

@@ -145,11 +145,11 @@ def _build(out: Path) -> None:
 
 def _pretrain(model, tokenizer) -> None:
     """Next-token training on every token of tiny_corpus's conversations rendered with the chat template (the tiny
-    gpt-oss's loop: `tiny_model._pretrain_steps`)."""
+    gpt-oss's loop: `tiny_model._pretrain_on`)."""
     import torch
 
     from .formats import CHAT_TEMPLATE as TEMPLATE_FORMAT
-    from .tiny_model import _pretrain_steps, _progress, pretraining_conversations
+    from .tiny_model import _pretrain_on, _progress, pretraining_conversations
 
     _progress(f"pre-training the tiny Qwen3 ({RECIPE['pretrain_steps']} steps)")
     conversations = pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"])
@@ -158,12 +158,4 @@ def _pretrain(model, tokenizer) -> None:
                                                    tokenize=True, return_dict=True)["input_ids"])
         for c in conversations
     ]  # fmt: skip
-    used = torch.unique(torch.cat(sequences))
-    to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
-    to_used[used] = torch.arange(len(used))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(RECIPE["pretrain_threads"])
-    try:
-        _pretrain_steps(model, tokenizer, sequences, used, to_used, RECIPE)
-    finally:
-        torch.set_num_threads(threads)
+    _pretrain_on(model, tokenizer, sequences, RECIPE)
