@@ -73,6 +73,14 @@ def tiny_qwen3_path() -> Path:
     return tiny_qwen3_path()
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_path() -> Path:
+    """The tiny Qwen3-MoE (the same tokenizer, template and pre-training; a sparse MLP of 4 experts, top-2)."""
+    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+
+    return tiny_qwen3_path(moe=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_root_log_handlers():
     """A library run inside a CliRunner call may give the root logger a stream handler bound to that call's captured
@@ -94,6 +102,14 @@ def qwen3_job_run(tmp_path_factory):
     from tests.runs import qwen3_job_run
 
     return qwen3_job_run(tmp_path_factory.mktemp("qwen3-job"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_moe_job_run(tmp_path_factory):
+    """(config, model directory): the tiny Qwen3-MoE preset's trained and merged run, once per session."""
+    from tests.runs import QWEN3_MOE_JOB, qwen3_job_run
+
+    return qwen3_job_run(tmp_path_factory.mktemp("qwen3-moe-job"), QWEN3_MOE_JOB)
 
 
 @pytest.fixture(scope="session")

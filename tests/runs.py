@@ -109,14 +109,16 @@ def serving(cfg, model: Path):
 # The chat-template family's run: the tiny-qwen3-local preset as it ships (a fifth of the sample held out), for the
 # tests that serve and evaluate a Qwen3 fine-tune (tests/toolkit/deploy/test_serving_chat_template.py,
 # tests/toolkit/test_evaluate_chat_template.py) and read its run record (tests/toolkit/targets/test_local.py).
+# Its MoE twin (tiny-qwen3-moe-local: LoRA on the attention and the 3-D experts, merged) for the same tests.
 QWEN3_JOB = "tiny-qwen3-local"
+QWEN3_MOE_JOB = "tiny-qwen3-moe-local"
 
 
-def qwen3_job_run(root: Path):
-    """(config, model directory) of the tiny Qwen3's run under root, trained here by the local target."""
+def qwen3_job_run(root: Path, preset: str = QWEN3_JOB):
+    """(config, model directory) of a tiny Qwen3 preset's run under root, trained here by the local target."""
     from toolkit.config import load_config
 
-    cfg = load_config(QWEN3_JOB, [f"local.output_dir={root}/run"])
+    cfg = load_config(preset, [f"local.output_dir={root}/run"])
     return cfg, train_for_serving(cfg)
 
 

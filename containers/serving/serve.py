@@ -36,6 +36,10 @@ FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
         "qwen3",
         {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
     ),
+    "qwen3_moe": (
+        "qwen3",
+        {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
+    ),
 }
 
 

@@ -28,8 +28,13 @@ class ModelFamily:
     id_marker: str | None = None  # a hub id naming the family contains this (lower case)
     # a hub id with the marker that names another architecture anyway (a regex on the lower-case id)
     id_excludes: str | None = None
+    id_requires: str | None = None  # what a hub id with the marker must also have to be this family (a regex)
+    example_id: str | None = None  # a real hub id of the family (the tests' and the docs' example)
     lora_modules: tuple[str, ...] | None = None  # its LoRA-able module names; None: not checked
     expert_parameters: tuple[str, ...] = ()  # its 3-D MoE expert parameters (lora.target_parameters)
+    # peft reads lora.target_modules: all-linear on it as transformers v4's linear layers: the router and every
+    # expert too (peft's MoE conversion), so the toolkit asks for the modules by name instead
+    all_linear_reaches_experts: bool = False
     attention_kernels: tuple[str, ...] | None = None  # the kernels it runs correctly with; None: any
     attention_reason: str = ""  # why the others are refused, said to the user
     decoder_layer: str | None = None  # the decoder layer class: FSDP wraps each one
@@ -49,6 +54,8 @@ class ModelFamily:
         named = model_id.lower()
         if self.id_excludes and re.search(self.id_excludes, named):
             return False
+        if self.id_requires and not re.search(self.id_requires, named):
+            return False
         return bool(self.id_marker and self.id_marker in named)
 
 
@@ -57,6 +64,7 @@ GPT_OSS = ModelFamily(
     chat_format="harmony",
     model_type="gpt_oss",
     id_marker="gpt-oss",
+    example_id="openai/gpt-oss-20b",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens", "lm_head"),
     expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),
     attention_kernels=("eager", "flex_attention"),
@@ -71,21 +79,39 @@ GPT_OSS = ModelFamily(
         "--enable-auto-tool-choice": None,
     },
 )
+# Qwen3-MoE hub ids carry dense Qwen3's marker too, and name their active parameters (Qwen3-30B-A3B,
+# Qwen3-235B-A22B, Qwen3-Coder-30B-A3B-Instruct) or say "moe"
+QWEN3_MOE_IDS = r"-a\d+(\.\d+)?b\b|-moe\b"
+# vLLM 0.32's parsers for Qwen3's template: the reasoning in <think>, tool calls as JSON in <tool_call> (hermes)
+QWEN3_VLLM = {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None}
 QWEN3 = ModelFamily(
     name="qwen3",
     chat_format="template",
     model_type="qwen3",
     id_marker="qwen3",
-    # Qwen3-MoE (qwen3_moe: Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-30B-A3B-...) names its active parameters;
-    # its decoder layer and experts are another architecture's, which no record here describes yet
-    id_excludes=r"-a\d+(\.\d+)?b\b",
+    id_excludes=QWEN3_MOE_IDS,
+    example_id="Qwen/Qwen3-8B",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     decoder_layer="Qwen3DecoderLayer",
-    # vLLM 0.32's parsers for Qwen3's template: the reasoning in <think>, tool calls as JSON in <tool_call> (hermes)
-    vllm_defaults={"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
+    vllm_defaults=QWEN3_VLLM,
 )  # dense Qwen3 (Qwen3-0.6B ... Qwen3-32B)
+QWEN3_MOE = ModelFamily(
+    name="qwen3-moe",
+    chat_format="template",  # Qwen3's chat template
+    model_type="qwen3_moe",
+    id_marker="qwen3",
+    id_requires=QWEN3_MOE_IDS,
+    example_id="Qwen/Qwen3-30B-A3B",
+    # attention projections; every layer's MLP is the sparse block (the router `mlp.gate` is no Linear)
+    lora_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+    expert_parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj"),  # [E, 2I, H] and [E, H, I]
+    all_linear_reaches_experts=True,  # peft 0.21: the router's weight, gate_up_proj at 2r, down_proj
+    decoder_layer="Qwen3MoeDecoderLayer",
+    lora_serving_needs_gpu=True,
+    vllm_defaults=QWEN3_VLLM,
+)  # Qwen3-30B-A3B, Qwen3-235B-A22B: transformers' experts (the fused and packed paths are gpt-oss's, measured there)
 GENERIC = ModelFamily(name="causal LM")
-FAMILIES = (GPT_OSS, QWEN3)  # every family but the generic one
+FAMILIES = (GPT_OSS, QWEN3, QWEN3_MOE)  # every family but the generic one
 
 
 def local_model_type(model_id: str) -> str | None:

@@ -10,6 +10,7 @@ from .settings import (
     TINY_GPT_OSS_MXFP4,
     TINY_GPT_OSS_TOOLS,
     TINY_QWEN3,
+    TINY_QWEN3_MOE,
     LoraSettings,
     ModelSettings,
 )
@@ -17,10 +18,10 @@ from .settings import (
 
 def resolve_model_path(settings: ModelSettings) -> str:
     """Hub id or local path; builtin models are built (once, cached) on the spot."""
-    if settings.id == TINY_QWEN3:
+    if settings.id in (TINY_QWEN3, TINY_QWEN3_MOE):
         from .tiny_qwen3 import tiny_qwen3_path
 
-        return str(tiny_qwen3_path())
+        return str(tiny_qwen3_path(moe=settings.id == TINY_QWEN3_MOE))
     if settings.id in BUILTIN_MODELS:
         from .tiny_model import tiny_gpt_oss_path
 

@@ -84,8 +84,10 @@ def collate(features: list[dict[str, Any]], pad_to: int | None = None) -> dict[s
     }
 
 
-def attention_masks(config, document_ids, implementation: str) -> dict[str, Any]:
-    """Per-layer-type masks: causal, same document, and within the sliding window where the layer has one."""
+def attention_masks(config, document_ids, implementation: str) -> Any:
+    """Masks causal, same document, and within the sliding window where a layer has one: per layer type (a dict,
+    which the models whose layers differ take, e.g. gpt-oss), or the one mask where every layer attends alike (a
+    4-D mask passes through every model's mask creation as it is; Qwen3-MoE takes no dict)."""
     import torch
 
     window = getattr(config, "sliding_window", None)
@@ -105,7 +107,7 @@ def attention_masks(config, document_ids, implementation: str) -> dict[str, Any]
             additive = torch.zeros(allowed.shape, dtype=torch.float32, device=document_ids.device)
             additive.masked_fill_(~allowed, torch.finfo(torch.float32).min)
             masks[layer_type] = additive[:, None]
-    return masks
+    return masks if len(masks) > 1 else next(iter(masks.values()))
 
 
 def _block_mask(document_ids, span: int | None):
@@ -134,15 +136,19 @@ class RouterLogits:
     def __init__(self, model) -> None:
         self.logits: list[Any] = []
         self.active = False
+        # the router class and the output index the architecture itself records router logits from (transformers'
+        # `_can_record_outputs`: gpt-oss's mlp.router, Qwen3-MoE's mlp.gate, ...)
+        recorder = type(model)._can_record_outputs["router_logits"]
+        self.index = recorder.index
         self.handles = [
             module.register_forward_hook(self._keep)
-            for name, module in model.named_modules()
-            if name.endswith("mlp.router")
+            for module in model.modules()
+            if isinstance(module, recorder.target_class)
         ]
 
     def _keep(self, module, inputs, output) -> None:
         if self.active:
-            self.logits.append(output[0] if isinstance(output, tuple) else output)
+            self.logits.append(output[self.index] if isinstance(output, tuple) else output)
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -155,6 +161,15 @@ class RouterLogits:
     def pop(self) -> list[Any]:
         taken, self.logits = self.logits, []
         return taken
+
+
+def load_balancing_loss(causal_lm, router_logits: tuple):
+    """The architecture's own load-balancing loss (its modeling module's `load_balancing_loss_func`, with the expert
+    counts its causal LM reads from its config) over the router logits of a packed forward: every token is real."""
+    import sys
+
+    modeling = sys.modules[type(causal_lm).__module__]
+    return modeling.load_balancing_loss_func(router_logits, causal_lm.num_experts, causal_lm.num_experts_per_tok, None)
 
 
 def chunked_cross_entropy(hidden, labels, weight, chunk: int = LOSS_CHUNK):
@@ -219,11 +234,7 @@ def packed_trainer_class():
             if self._routers is not None and not model.training:
                 self._routers.pop()  # validation loss is the language-modelling loss alone
             elif self._routers is not None:
-                from transformers.models.gpt_oss.modeling_gpt_oss import load_balancing_loss_func
-
-                logits = tuple(self._routers.pop())
-                config = causal_lm.config
-                aux = load_balancing_loss_func(logits, config.num_local_experts, config.num_experts_per_tok, None)
+                aux = load_balancing_loss(causal_lm, tuple(self._routers.pop()))
                 loss = loss + self.router_aux_loss_coef * aux / self.args.gradient_accumulation_steps
             return loss
 

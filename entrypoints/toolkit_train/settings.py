@@ -21,7 +21,8 @@ TINY_GPT_OSS = "builtin:tiny-gpt-oss"
 TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an MXFP4 checkpoint
 TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-calling sample too (its tokens)
 TINY_QWEN3 = "builtin:tiny-qwen3"  # a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline (tiny_qwen3.py)
-BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3)
+TINY_QWEN3_MOE = "builtin:tiny-qwen3-moe"  # the same as a Qwen3-MoE: a sparse MLP, 4 experts, top-2 (tiny_qwen3.py)
+BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3, TINY_QWEN3_MOE)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
 PREFERENCE_SAMPLE_DATASET = "builtin:preference-sample"  # the multilingual sample as pairs (format: preference)
@@ -100,10 +101,11 @@ class ModelSettings(StrictModel):
 
     id: str = Field(
         description="Hugging Face hub id or local path of a checkpoint of a family training renders: gpt-oss (harmony) "
-        "or dense Qwen3 (its own chat template); other models are refused. "
+        "or Qwen3, dense or MoE (its own chat template); other models are refused. "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
         f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too); "
-        f"`{TINY_QWEN3}` a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline on generated conversations."
+        f"`{TINY_QWEN3}` a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline on generated conversations "
+        f"({TINY_QWEN3_MOE}: the same as a Qwen3-MoE, 4 experts, top-2)."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
@@ -272,7 +274,9 @@ class LoraSettings(StrictModel):
     dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: Literal["all-linear"] | list[str] = Field(
         "all-linear",
-        description="Modules to adapt; all-linear on gpt-oss means q/k/v/o_proj.",
+        description="Modules to adapt; all-linear on gpt-oss means q/k/v/o_proj. On Qwen3-MoE peft reads "
+        "all-linear as the router and every expert too: there the default is q/k/v/o_proj by name, and all-linear "
+        "written out is refused.",
     )
     target_parameters: list[str] = Field(
         default_factory=list,
@@ -370,7 +374,8 @@ class TrainingSettings(StrictModel):
         description="torch.compile the decoder layers (faster: docs/performance.md). auto: on for packed ddp "
         "training on a GPU without expert LoRA: whole layers with bf16 experts and no recomputation, the attention "
         "blocks and routers with MXFP4 experts (recomputation or not): the combinations the bench's correctness gate "
-        "checks; off elsewhere. The first steps are slower while the layers compile.",
+        "checks, on gpt-oss; off elsewhere (Qwen3 too: true compiles it unchecked). The first steps are slower "
+        "while the layers compile.",
     )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
@@ -445,6 +450,15 @@ class TrainSettings(StrictModel):
         family = self.model.family
         if family.lora_modules is None:
             return self
+        if family.all_linear_reaches_experts and self.lora.target_modules == "all-linear":
+            if "target_modules" in self.lora.model_fields_set:
+                raise ValueError(
+                    f"lora.target_modules: all-linear on {family.name} adapts, to peft, the router and every expert "
+                    f"too (transformers v4's linear layers; gate_up_proj at twice the rank): list the modules, e.g. "
+                    f"[{', '.join(family.lora_modules)}], and the experts in lora.target_parameters if you want them "
+                    f"({', '.join(family.expert_parameters)}, with lora.dropout: 0)"
+                )
+            self.lora.target_modules = list(family.lora_modules)  # the default: the family's modules, by name
         modules = self.lora.target_modules if isinstance(self.lora.target_modules, list) else []
         unknown = sorted(set(modules) - set(family.lora_modules))
         if unknown:

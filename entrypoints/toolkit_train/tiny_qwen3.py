@@ -61,8 +61,23 @@ QWEN_PATTERN = "|".join([
 CHAT_TEMPLATE = (Path(__file__).parent / "templates" / "tiny-qwen3.jinja").read_text().rstrip("\n")
 
 
-def tiny_qwen3_path() -> Path:
-    """Path of the tiny Qwen3, building it first if this machine has none cached (seconds)."""
+# The tiny Qwen3-MoE (`builtin:tiny-qwen3-moe`): the same tokenizer, template, sizes and pre-training, with the real
+# `Qwen3MoeForCausalLM`'s sparse MLP in every layer (a top-2-of-4 router `mlp.gate`, 3-D experts
+# `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]): the MoE chat-template family's test model
+MOE_RECIPE: dict[str, Any] = {
+    **RECIPE,
+    "architecture": "Qwen3MoeForCausalLM",
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "decoder_sparse_step": 1,  # every layer sparse, as Qwen3-30B-A3B
+}
+
+
+def tiny_qwen3_path(moe: bool = False) -> Path:
+    """Path of the tiny Qwen3 (the MoE one with `moe`), building it first if this machine has none cached."""
+    if moe:
+        return cached_build("tiny-qwen3-moe", [MOE_RECIPE, CHAT_TEMPLATE], _build_moe, "under a minute")
     return cached_build("tiny-qwen3", [RECIPE, CHAT_TEMPLATE], _build, "a few seconds")
 
 
@@ -116,34 +131,48 @@ def build_tokenizer():
 
 
 def _build(out: Path) -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    _build_with(out, RECIPE, Qwen3Config, Qwen3ForCausalLM, {})
+
+
+def _build_moe(out: Path) -> None:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    moe = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
+    _build_with(out, MOE_RECIPE, Qwen3MoeConfig, Qwen3MoeForCausalLM, {key: MOE_RECIPE[key] for key in moe})
+
+
+def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, extra: dict[str, Any]) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig
 
     tokenizer = build_tokenizer()
-    config = Qwen3Config(
+    config = config_class(
         vocab_size=len(tokenizer),
-        hidden_size=RECIPE["hidden_size"],
-        intermediate_size=RECIPE["intermediate_size"],
-        num_hidden_layers=RECIPE["num_hidden_layers"],
-        num_attention_heads=RECIPE["num_attention_heads"],
-        num_key_value_heads=RECIPE["num_key_value_heads"],
-        head_dim=RECIPE["head_dim"],
-        max_position_embeddings=RECIPE["max_position_embeddings"],
+        hidden_size=recipe["hidden_size"],
+        intermediate_size=recipe["intermediate_size"],
+        num_hidden_layers=recipe["num_hidden_layers"],
+        num_attention_heads=recipe["num_attention_heads"],
+        num_key_value_heads=recipe["num_key_value_heads"],
+        head_dim=recipe["head_dim"],
+        max_position_embeddings=recipe["max_position_embeddings"],
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         tie_word_embeddings=False,
+        **extra,
     )
-    torch.manual_seed(RECIPE["seed"])
-    model = Qwen3ForCausalLM(config)
-    _pretrain(model, tokenizer)
+    torch.manual_seed(recipe["seed"])
+    model = model_class(config)
+    _pretrain(model, tokenizer, recipe)
     model.save_pretrained(out)
     eos = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_end|>", "<|endoftext|>")]
     GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 
-def _pretrain(model, tokenizer) -> None:
+def _pretrain(model, tokenizer, recipe: dict[str, Any]) -> None:
     """Next-token training on every token of tiny_corpus's conversations rendered with the chat template (the tiny
     gpt-oss's loop: `tiny_model._pretrain_on`)."""
     import torch
@@ -151,11 +180,11 @@ def _pretrain(model, tokenizer) -> None:
     from .formats import CHAT_TEMPLATE as TEMPLATE_FORMAT
     from .tiny_model import _pretrain_on, _progress, pretraining_conversations
 
-    _progress(f"pre-training the tiny Qwen3 ({RECIPE['pretrain_steps']} steps)")
-    conversations = pretraining_conversations(RECIPE["pretrain_conversations"], RECIPE["seed"])
+    _progress(f"pre-training the tiny {model.config.model_type} ({recipe['pretrain_steps']} steps)")
+    conversations = pretraining_conversations(recipe["pretrain_conversations"], recipe["seed"])
     sequences = [
         torch.tensor(tokenizer.apply_chat_template(TEMPLATE_FORMAT.messages({"messages": c}, tokenizer),
                                                    tokenize=True, return_dict=True)["input_ids"])
         for c in conversations
     ]  # fmt: skip
-    _pretrain_on(model, tokenizer, sequences, RECIPE)
+    _pretrain_on(model, tokenizer, sequences, recipe)

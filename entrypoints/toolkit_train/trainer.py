@@ -76,13 +76,15 @@ def use_compiled_layers(settings: TrainSettings) -> bool:
     """`auto`: only where the bench's gates compare compiled against reference gradients (bench/train_throughput.py):
     a GPU, ddp, packed fixed-width micro-batches, LoRA on modules (not on the experts), and either bf16 experts
     without recomputation (`gate`: whole layers compiled) or packed MXFP4 experts, recomputation or not
-    (`mxfp4-compiled-gate`: attention blocks and routers compiled, `compile_layers_for_training`)."""
+    (`mxfp4-compiled-gate`: attention blocks and routers compiled, `compile_layers_for_training`). The gates build
+    gpt-oss models: another family (Qwen3) is compiled only when asked (`compile_layers: true`)."""
     import torch
 
     wanted = settings.training.compile_layers
     if wanted != "auto":
         return bool(wanted)
     gated = not settings.lora.target_parameters and settings.training.distributed == "ddp"
+    gated = gated and settings.model.family.fused_experts  # gpt-oss's record: the family the gates measured
     by_experts = settings.model.experts == "mxfp4" or not use_checkpointing(settings)
     return torch.cuda.is_available() and gated and uses_packing(settings) and by_experts
 

@@ -25,11 +25,13 @@ def test_presets_are_the_documented_ones():
         "gpt-oss-120b-lora",
         "gpt-oss-120b-lora-1node",
         "gpt-oss-20b-lora",
+        "qwen3-30b-a3b-lora",
         "qwen3-8b-lora",
         "tiny-gpt-oss-dpo",
         "tiny-gpt-oss-local",
         "tiny-gpt-oss-tools-local",
         "tiny-qwen3-local",
+        "tiny-qwen3-moe-local",
     ]
 
 

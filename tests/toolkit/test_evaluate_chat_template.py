@@ -1,7 +1,8 @@
-"""`toolkit eval` of a chat-template family for real (issue 47): the tiny Qwen3 preset's fine-tune (the session's
-shared run, a fifth of the sample held out) and its base, each served by real vLLM with Qwen3's reasoning parser, and
-scored on the held-out rows in one command. The pre-trained tiny base writes Qwen3's shape (<think> reasoning
-</think> answer), so the replies' format is checkable; the fine-tune's numbers are whatever 30 steps make them."""
+"""`toolkit eval` of a chat-template family for real (issue 47): the tiny Qwen3 and Qwen3-MoE presets' fine-tunes
+(the session's shared runs, a fifth of the sample held out) and their bases, each served by real vLLM with Qwen3's
+reasoning parser, and scored on the held-out rows in one command. The pre-trained tiny base writes Qwen3's shape
+(<think> reasoning </think> answer), so the replies' format is checkable; the fine-tune's numbers are whatever 30
+steps make them."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.integration
 HELD_OUT = 12  # the preset's data.eval.fraction 0.2 of the sample's 60 rows
 
 
-def test_eval_scores_a_qwen3_fine_tune_and_its_base_with_the_reasoning_parsed_apart(qwen3_job_run, tmp_path,
+@pytest.mark.parametrize("run", ["qwen3_job_run", "qwen3_moe_job_run"], ids=["dense", "moe"])
+def test_eval_scores_a_qwen3_fine_tune_and_its_base_with_the_reasoning_parsed_apart(run, request, tmp_path,
                                                                                     monkeypatch):  # fmt: skip
-    cfg, model = qwen3_job_run
+    cfg, model = request.getfixturevalue(run)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["eval", cfg.name, "--model-dir", str(model), "--max-tokens", "128", "--json",
                                       "--concurrency", "4"])  # fmt: skip

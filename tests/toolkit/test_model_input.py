@@ -29,16 +29,16 @@ def toolkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         ),
         (("train", "tiny-gpt-oss-local", "--target", "local"), "mistralai/Mistral-7B-Instruct-v0.3"),
         (("data", "prepare", "tiny-gpt-oss-local"), "mistralai/Mistral-7B-Instruct-v0.3"),
-        (("train", "tiny-qwen3-local", "--target", "training-job", "--dry-run"), "Qwen/Qwen3-30B-A3B"),
+        (("train", "tiny-qwen3-local", "--target", "training-job", "--dry-run"), "meta-llama/Llama-3.1-8B-Instruct"),
     ],
 )
 def test_a_model_of_no_known_family_is_refused_before_anything_runs(tmp_path, command, model):
     """Training renders in a family's chat format (gpt-oss: harmony; Qwen3: its template): a model no family record
     claims would fail inside the job, after an instance started; it is refused here, and the local target starts no
-    run (no runs/ folder). Qwen3-MoE is not dense Qwen3, whatever its name says (its record is not built)."""
+    run (no runs/ folder)."""
     output = refused(toolkit(*command, "--set", f"model.id={model}", cwd=tmp_path),
                      f"model.id {model}: training renders conversations in a model family's chat format",
-                     "training is built for gpt-oss (harmony), qwen3 (template)")  # fmt: skip
+                     "training is built for gpt-oss (harmony), qwen3 (template), qwen3-moe (template)")  # fmt: skip
     assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
     assert not (tmp_path / "runs").exists()
 
@@ -47,6 +47,15 @@ def test_a_qwen3_model_is_no_longer_refused_for_its_family(tmp_path):
     """Qwen3 has a record and a chat format (issue 47): `data prepare` gets as far as its tokenizer (not here)."""
     refused(toolkit("data", "prepare", "tiny-qwen3-local", "--set", "model.id=Qwen/Qwen3-0.6B", cwd=tmp_path),
             "model.id Qwen/Qwen3-0.6B: its tokenizer cannot be loaded here")  # fmt: skip
+
+
+def test_a_qwen3_moe_with_all_linear_written_out_is_asked_for_its_modules_by_name(tmp_path):
+    """The dense preset with a Qwen3-MoE id: its `lora.target_modules: all-linear` would, to peft, adapt the router
+    and every expert (with dropout, a failure inside the job): one line before anything runs, saying what to write."""
+    refused(toolkit("train", "tiny-qwen3-local", "--target", "training-job", "--dry-run", "--set",
+                    "model.id=Qwen/Qwen3-30B-A3B", cwd=tmp_path),
+            "lora.target_modules: all-linear on qwen3-moe adapts, to peft, the router and every expert too",
+            "list the modules, e.g. [q_proj, k_proj, v_proj, o_proj]")  # fmt: skip
 
 
 def test_a_hub_model_that_is_not_here_is_one_line_not_a_traceback(tmp_path):

@@ -100,6 +100,15 @@ def test_a_dense_qwen3_is_sized_by_its_bf16_weights():
     assert first.fits == "unknown" and "the weights take ~15 GiB of each 48 GiB GPU" in first.fits_detail, first
 
 
+def test_a_qwen3_moe_is_sized_by_its_bf16_weights_experts_included():
+    """Qwen3-30B-A3B's shape is in the table: 30.53 B parameters (28.99 B of them experts, which it stores in bf16,
+    not MXFP4), ~57 GiB on each GPU; the plan claims no fit it has not measured."""
+    planned = sdk.plan(load_config("qwen3-30b-a3b-lora", ["target=training-job"]), online=False)
+    first = planned.candidates[0]
+    assert first.configured and first.instance_type == "ml.p5.48xlarge"
+    assert first.fits == "unknown" and "the weights take ~57 GiB of each 80 GiB GPU" in first.fits_detail, first
+
+
 def test_tokens_come_from_data_prepare_statistics_while_they_describe_this_config(tmp_path, monkeypatch):
     """runs/<name>/prepared's sealed statistics count the data; prepared with another max_length (or left
     without its seal) they are not this config's tokens, and plan says why it did not use them."""

@@ -21,15 +21,17 @@ SERVING_COPY = ROOT / "containers" / "serving" / "serve.py"
 DATA = {"source": "builtin:multilingual-thinking-sample"}
 OTHER = "mistralai/Mistral-7B-v0.3"  # a causal LM no record claims: the generic family
 FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the code reading it
-    "name", "chat_format", "model_type", "id_marker", "id_excludes", "lora_modules", "expert_parameters",
+    "name", "chat_format", "model_type", "id_marker", "id_excludes", "id_requires", "example_id", "lora_modules",
+    "expert_parameters", "all_linear_reaches_experts",
     "attention_kernels", "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu",
     "vllm_defaults",
 }  # fmt: skip
 
 
 def hub_id(family: ModelFamily) -> str:
-    assert family.id_marker, f"{family.name}: a family needs a name marker for hub ids"
-    return f"some-org/{family.id_marker}-7b"
+    """A hub id of the family's form that no size table knows (so that no model size check applies)."""
+    assert family.id_marker and family.example_id, f"{family.name}: a family needs a name marker and an example id"
+    return f"some-org/{family.example_id.split('/')[1]}-copy"
 
 
 def test_every_family_field_is_covered_here():
@@ -53,21 +55,30 @@ def test_a_family_is_found_by_hub_name_and_by_a_local_checkpoint(family, tmp_pat
     assert family_of(OTHER) is GENERIC and known_family(OTHER, is_path=False) is GENERIC
 
 
-def test_a_hub_id_with_the_marker_of_another_architecture_is_not_the_family(tmp_path):
-    """Qwen3-MoE ids carry dense Qwen3's marker (qwen3) and name their active parameters (-A3B, -A22B): they are
-    another architecture (qwen3_moe: other decoder layers, 3-D experts), not trained as dense Qwen3. A checkpoint
-    here is still what its config.json says."""
-    from toolkit_train.families import QWEN3
+def test_qwen3_moe_ids_carry_dense_qwen3s_marker_and_are_told_apart(tmp_path):
+    """Qwen3-MoE ids carry dense Qwen3's marker (qwen3) and name their active parameters (-A3B, -A22B) or say "moe":
+    another architecture (qwen3_moe: other decoder layers, a router, 3-D experts), its own record. A checkpoint here
+    is still what its config.json says, whatever its name."""
+    from toolkit_train.families import QWEN3, QWEN3_MOE
 
-    assert QWEN3.id_excludes
-    for moe in ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-Coder-30B-A3B-Instruct"):
-        assert family_of(moe) is GENERIC, moe
-    for dense in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-32B"):
+    moe_ids = ("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-235B-A22B-Instruct-2507", "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+               "some-org/qwen3-moe-tiny", "builtin:tiny-qwen3-moe")  # fmt: skip
+    for moe in moe_ids:
+        assert family_of(moe) is QWEN3_MOE, moe
+    for dense in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-32B",
+                  "builtin:tiny-qwen3", "some-org/qwen3-moebius-8b"):  # fmt: skip
         assert family_of(dense) is QWEN3, dense
     renamed = tmp_path / "Qwen3-30B-A3B-distilled-dense"
     renamed.mkdir()
     (renamed / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     assert family_of(str(renamed)) is QWEN3
+    (renamed / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    assert family_of(str(renamed)) is QWEN3_MOE
+
+
+def test_every_familys_example_is_its_own_and_no_one_elses():
+    for family in FAMILIES:
+        assert family.example_id and [f for f in FAMILIES if f.holds(family.example_id)] == [family], family.name
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
@@ -100,6 +111,31 @@ def test_lora_targets_are_checked_against_the_family_names(family):
         )
     # the generic family checks no names (it cannot know them)
     TrainSettings.model_validate({"model": {"id": OTHER}, "data": DATA, "lora": {"target_modules": ["x"]}})
+
+
+def test_all_linear_is_asked_by_name_where_peft_reads_it_as_the_experts_too(tiny_model_path, tiny_qwen3_path,
+                                                                             tiny_qwen3_moe_path):  # fmt: skip
+    """peft's MoE conversion reads `all-linear` on Qwen3-MoE as transformers v4's linear layers: the router and every
+    expert too (gate_up_proj at twice the rank; with dropout PEFT then fails at training). The record says which
+    families do (checked against peft on each tiny model), and their configs ask for the modules by name."""
+    from peft import LoraConfig, get_peft_model
+    from toolkit_train.families import GPT_OSS, QWEN3, QWEN3_MOE
+    from transformers import AutoModelForCausalLM
+
+    for path, family in ((tiny_model_path, GPT_OSS), (tiny_qwen3_path, QWEN3), (tiny_qwen3_moe_path, QWEN3_MOE)):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        adapted = get_peft_model(model, LoraConfig(target_modules="all-linear", lora_dropout=0.0)).peft_config
+        assert bool(adapted["default"].target_parameters) is family.all_linear_reaches_experts, family.name
+    for family in FAMILIES:
+        config = {"model": {"id": hub_id(family)}, "data": DATA, "lora": {"target_modules": "all-linear"}}
+        if not family.all_linear_reaches_experts:
+            TrainSettings.model_validate(config)
+            continue
+        with pytest.raises(ValidationError, match=f"all-linear on {family.name} adapts, to peft, the router and every"):
+            TrainSettings.model_validate(config)
+        TrainSettings.model_validate({**config, "lora": {"target_modules": list(family.lora_modules)}})
+        left_out = TrainSettings.model_validate({**config, "lora": {"r": 4}}).lora
+        assert left_out.target_modules == list(family.lora_modules), "the default is the family's modules by name"
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)

@@ -38,8 +38,19 @@ def test_first_fit_decreasing_respects_the_budget():
         pack([1200], 1000, seed=1)
 
 
-def test_packed_rows_never_attend_to_each_other(model):
-    # the second document is longer than the sliding window (64): both layer types are exercised
+@pytest.fixture(scope="module")
+def qwen3_moe(tiny_qwen3_moe_path):
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_qwen3_moe_path, dtype=torch.float32, attn_implementation="eager")
+    return loaded.eval()
+
+
+@pytest.mark.parametrize("which", ["model", "qwen3_moe"], ids=["gpt-oss", "qwen3-moe"])
+def test_packed_rows_never_attend_to_each_other(which, request):
+    """gpt-oss takes a mask per layer type (the second document is longer than its sliding window, 64: both types
+    are exercised); Qwen3-MoE, whose layers attend alike, takes the one mask."""
+    model = request.getfixturevalue(which)
     docs = documents([40, 150, 77])
     import datasets
 
@@ -157,3 +168,37 @@ def test_router_loss_under_checkpointing_keeps_nothing_from_the_recomputation(ti
     assert checkpointed_loss == pytest.approx(plain_loss, rel=1e-6)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(checkpointed_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("builtin", ["tiny_model_path", "tiny_qwen3_moe_path"], ids=["gpt-oss", "qwen3-moe"])
+def test_the_load_balancing_loss_is_the_architectures_own(builtin, request, tmp_path):
+    """The packed trainer adds the MoE architecture's own load-balancing loss (the router class and loss function
+    transformers records for it: gpt-oss's mlp.router, Qwen3-MoE's mlp.gate): on one packed document, what the
+    coefficient adds is exactly the auxiliary loss the model's own forward returns for that document."""
+    import datasets
+    from toolkit_train.model import add_lora
+    from toolkit_train.packing import packed_trainer_class
+    from toolkit_train.settings import LoraSettings
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig
+
+    base = AutoModelForCausalLM.from_pretrained(
+        request.getfixturevalue(builtin), dtype=torch.float32, attn_implementation="eager"
+    )
+    model = add_lora(base, LoraSettings(dropout=0), seed=0)
+    docs = documents([120], seed=5)
+    packed = packed_dataset(datasets.Dataset.from_list(docs), token_budget=256, seed=0)
+    model.train()
+    losses = {}
+    for coef in (0.0, 0.5):
+        args = SFTConfig(output_dir=str(tmp_path / str(coef)), use_cpu=True, report_to="none",
+                         router_aux_loss_coef=coef, remove_unused_columns=False,
+                         dataset_kwargs={"skip_prepare_dataset": True})  # fmt: skip
+        trainer = packed_trainer_class()(model=model, args=args, train_dataset=packed, data_collator=collate)
+        with torch.no_grad():
+            losses[coef] = float(trainer.compute_loss(model, collate([packed[0]])))
+        assert (trainer._routers is None) == (coef == 0.0)
+    with torch.no_grad():
+        own = model(input_ids=torch.tensor([docs[0]["input_ids"]]), output_router_logits=True).aux_loss
+    assert float(own) > 0
+    assert (losses[0.5] - losses[0.0]) / 0.5 == pytest.approx(float(own), rel=1e-4)

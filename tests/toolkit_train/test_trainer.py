@@ -32,6 +32,16 @@ def test_compile_layers_auto_compiles_only_what_a_gate_checked(monkeypatch, over
     assert trainer.use_compiled_layers(settings) is compiled
 
 
+@pytest.mark.parametrize("preset", ["tiny-qwen3-local", "tiny-qwen3-moe-local"])
+def test_compile_layers_auto_leaves_a_family_no_gate_measured_eager(monkeypatch, preset):
+    """The gates build gpt-oss models: Qwen3 (dense or MoE) in the gated combination stays eager unless asked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gated = ["training.gradient_checkpointing=false", "lora.target_parameters=[]"]
+    assert trainer.use_compiled_layers(load_config(preset, gated).train_settings()) is False
+    asked = load_config(preset, [*gated, "training.compile_layers=true"]).train_settings()
+    assert trainer.use_compiled_layers(asked) is True
+
+
 @pytest.mark.parametrize(("experts", "compiles"), [("mxfp4", "packed"), ("bf16", "whole")])
 def test_packed_experts_compile_their_attention_and_router_not_the_whole_layer(monkeypatch, experts, compiles):
     """Whole layers with packed experts would put recomputation's checkpoint and a graph break at the experts'

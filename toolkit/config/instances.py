@@ -95,6 +95,9 @@ MODELS: dict[str, ModelShape] = {
     "openai/gpt-oss-120b": ModelShape(116.8, 64, 8, 131072, expert_params_b=36 * 128 * 0.02488),
     # dense Qwen3 (config.json: 36 layers, hidden 4096, 32 heads / 8 KV heads, 40,960 positions, untied head)
     "Qwen/Qwen3-8B": ModelShape(8.19, 32, 8, 40960),
+    # Qwen3-MoE (config.json: 48 layers, hidden 2048, 32 heads / 4 KV heads, 128 experts of 3 x 2048 x 768 each,
+    # 40,960 positions, untied head): 28.99 B of its 30.53 B in the experts, bf16 (no MXFP4 checkpoint)
+    "Qwen/Qwen3-30B-A3B": ModelShape(30.53, 32, 4, 40960, expert_params_b=48 * 128 * 3 * 2048 * 768 / 1e9),
 }
 
 

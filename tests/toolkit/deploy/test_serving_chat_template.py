@@ -1,4 +1,5 @@
-"""Serving a chat-template family for real (issue 47): the tiny Qwen3 preset's fine-tune (the session's shared run),
+"""Serving a chat-template family for real (issue 47), dense and MoE: the tiny Qwen3 and tiny Qwen3-MoE presets'
+fine-tunes (the session's shared runs; the MoE one with expert LoRA, merged),
 served by `toolkit deploy --target local` as a user runs it (the CLI in its own process: real vLLM with the family's
 reasoning and tool-call parsers, the prompt-parity check through the model's own chat template), asked through the
 official openai client and `toolkit invoke`; a served template that renders otherwise than training is caught.
@@ -6,9 +7,11 @@ official openai client and `toolkit invoke`; a served template that renders othe
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -23,12 +26,12 @@ pytestmark = pytest.mark.integration
 QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
 
 
-@pytest.fixture(scope="module")
-def deployed(qwen3_job_run, tmp_path_factory):
-    """`toolkit deploy tiny-qwen3-local --target local` in its own process until it says it serves (its
+@pytest.fixture(scope="module", params=["qwen3_job_run", "qwen3_moe_job_run"], ids=["dense", "moe"])
+def deployed(request, tmp_path_factory):
+    """`toolkit deploy tiny-qwen3[-moe]-local --target local` in its own process until it says it serves (its
     prompt-parity check passed); (config, url, what it printed, its working directory). Interrupted (Ctrl-C) at the
     end: it stops the server and exits 0."""
-    cfg, model = qwen3_job_run
+    cfg, model = request.getfixturevalue(request.param)
     port = free_port()
     cwd = tmp_path_factory.mktemp("qwen3-deploy")
     cli = subprocess.Popen(
@@ -60,6 +63,8 @@ def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deploy
     log = (cwd / "runs" / cfg.name / "serve.log").read_text()
     command = next(line for line in log.splitlines() if line.startswith("serve: vllm serve ")).split()
     assert command[3].endswith("/model/merged"), command
+    served = json.loads((Path(command[3]) / "config.json").read_text())["model_type"]
+    assert served == cfg.model.family.model_type, (served, cfg.model.family.name)  # qwen3 / qwen3_moe
     for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "hermes")):
         assert command[command.index(flag) + 1] == value, command
     assert "--enable-auto-tool-choice" in command

@@ -234,6 +234,33 @@ def test_a_chat_template_family_trains_and_merges_on_the_local_target(qwen3_job_
     assert (model / "merged" / "chat_template.jinja").read_text().rstrip("\n") == CHAT_TEMPLATE  # served with it
 
 
+def test_a_moe_chat_template_family_trains_expert_lora_and_merges_on_the_local_target(qwen3_moe_job_run):
+    """The Qwen3-MoE family end to end on the local target (issue 47): the tiny Qwen3-MoE preset as it ships (the
+    session's shared run): LoRA on the attention and on the 3-D experts (their own group), the router untouched,
+    merged into a Qwen3-MoE checkpoint that reloads with the adapter's outputs."""
+    import torch
+    from toolkit_train.model import load_adapter
+    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+    from transformers import AutoModelForCausalLM
+
+    _, model = qwen3_moe_job_run
+    run = json.loads((model / "run.json").read_text())
+    assert (run["family"], run["chat_format"], run["global_step"]) == ("qwen3-moe", "template", 30)
+    assert set(run["trained"]["groups"]) == {"attention LoRA", "expert LoRA"}, run["trained"]
+    assert all(group["relative_update"] > 0 for group in run["trained"]["groups"].values()), run["trained"]
+    adapter = json.loads((model / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"], adapter
+    assert json.loads((model / "merged" / "config.json").read_text())["model_type"] == "qwen3_moe"
+    ids = torch.randint(10, 2000, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path(moe=True), dtype=torch.float32)
+        before = base(ids).logits
+        adapted = load_adapter(base, model / "adapter")(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(model / "merged", dtype=torch.float32)(ids).logits
+    assert (adapted - before).abs().max() > 1e-2, "the adapter changes the model"
+    torch.testing.assert_close(merged, adapted, rtol=1e-4, atol=1e-4)
+
+
 def test_a_chat_template_family_trains_dpo_on_pairs_rendered_with_its_template(tmp_path):
     """Preference pairs rendered with the tiny Qwen3's template (the served prompt, each reply through <|im_end|>)
     train through TRL's DPOTrainer on the local target."""
