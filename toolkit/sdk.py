@@ -152,13 +152,10 @@ def trained_rendering(cfg: Config) -> tuple[Any, Any] | None:
     family's chat format and the tokenizer a chat template renders with (harmony needs none); None for a causal LM of
     no family (an adapter trained elsewhere: no trained prompt to compare with). Read before any server starts, so
     that a tokenizer that cannot be loaded stops there in one line."""
-    from toolkit_train.formats import for_family
+    from toolkit_train.formats import rendering
     from toolkit_train.model import load_tokenizer
 
-    chat_format = for_family(cfg.model.family)
-    if chat_format is None:
-        return None
-    return chat_format, _tokenizer(cfg, load_tokenizer) if chat_format.renders_with_tokenizer else None
+    return rendering(cfg.model.family, lambda: _tokenizer(cfg, load_tokenizer))
 
 
 def _tokenizer(cfg: Config, load: Callable[[Any], Any]) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from . import harmony
@@ -225,3 +226,13 @@ FORMATS: dict[str, ChatFormat] = {f.name: f for f in (HARMONY, CHAT_TEMPLATE)}
 def for_family(family) -> ChatFormat | None:
     """The format a family's record names; None for a family training cannot render (no format known for it)."""
     return FORMATS.get(family.chat_format) if family.chat_format else None
+
+
+def rendering(family, load_tokenizer: Callable[[], Any]) -> tuple[ChatFormat, Any] | None:
+    """How training renders a family's conversations: its format, and the model's tokenizer where the format renders
+    with it (a chat template; harmony needs none: `load_tokenizer` is not called); None for a family of no format.
+    What the served-prompt check and the preference eval render with, as training did."""
+    chat_format = for_family(family)
+    if chat_format is None:
+        return None
+    return chat_format, load_tokenizer() if chat_format.renders_with_tokenizer else None

@@ -225,12 +225,12 @@ def deltas_from(chunks: Iterable[bytes]) -> Iterator[Delta]:
             ended = ended or _payload(line) == STREAM_END
             yield from _delta(line.strip())
     ended = ended or _payload(buffer) == STREAM_END
-    yield from _delta(buffer.strip())
-    if not ended:
+    if not ended:  # what is left unterminated is a fragment of the event a killed server was writing: not read
         raise DeployError(
             "the reply broke off before its end (no closing [DONE] event): the server stopped or crashed "
             "mid-reply; check that it still runs (its log) and ask again"
         )
+    yield from _delta(buffer.strip())
 
 
 def _payload(line: bytes) -> bytes | None:
@@ -242,7 +242,12 @@ def _delta(line: bytes) -> Iterator[Delta]:
     payload = _payload(line)
     if payload is None or payload == STREAM_END:
         return
-    event = json.loads(payload)
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        raise DeployError(
+            f"the server sent a stream event that is not JSON ({payload[:200]!r}): check its log and ask again"
+        ) from None
     if "error" in event:
         raise DeployError(f"the server failed while streaming: {event['error']}")
     for choice in event.get("choices", []):

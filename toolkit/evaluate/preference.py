@@ -57,13 +57,15 @@ class ScoredPair:
 def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
     """The pairs data.eval holds out, rendered as training renders them."""
     from toolkit_train.data import chat_format_of, to_pair, tokenize_pairs
+    from toolkit_train.formats import rendering
     from toolkit_train.model import load_tokenizer
 
     checked = held_out(config, lambda row: to_pair(row, config.data.reasoning_effort))
     if limit:
         checked = checked[:limit]
-    chat_format = chat_format_of(config.model)  # the family's: harmony, or the model's own chat template
-    tokenizer = load_tokenizer(config.model) if chat_format.renders_with_tokenizer else None
+    # the family's format (harmony, or the model's own chat template with its tokenizer); chat_format_of says why not
+    found = rendering(config.model.family, lambda: load_tokenizer(config.model))
+    chat_format, tokenizer = found if found is not None else (chat_format_of(config.model), None)
     # training's rendering: one date for every pair
     tokens = tokenize_pairs([pair for _, pair in checked], chat_format, tokenizer)
     columns = zip(tokens["prompt_ids"], tokens["chosen_ids"], tokens["rejected_ids"], strict=True)

@@ -417,6 +417,12 @@ def test_a_stream_that_ends_before_its_done_event_broke_off():
             seen.append(delta.text)
     assert seen == ["Acht"], "what arrived before the break is still shown"
     assert [d.text for d in deltas_from([cut + b"data: [DONE]"])] == ["Acht"], "no trailing newline needed"
+    # killed while writing an event: its fragment is the break, not a JSON error (CI run 62 saw one escape)
+    for fragment in (b'data: {"choices": [{"delta": {"cont', b"data: ", b'data: {"choices": []}'):
+        with pytest.raises(DeployError, match="broke off before its end .*ask again"):
+            list(deltas_from([cut, fragment]))
+    with pytest.raises(DeployError, match="stream event that is not JSON .*ask again"):
+        list(deltas_from([b"data: <html>502</html>\n\n", b"data: [DONE]\n\n"]))
 
 
 def test_lora_adapter_on_a_dense_model_through_enable_lora(trained, tmp_path):
