@@ -417,7 +417,8 @@ def test_a_stream_that_ends_before_its_done_event_broke_off():
             seen.append(delta.text)
     assert seen == ["Acht"], "what arrived before the break is still shown"
     assert [d.text for d in deltas_from([cut + b"data: [DONE]"])] == ["Acht"], "no trailing newline needed"
-    # killed while writing an event: its fragment is the break, not a JSON error (CI run 62 saw one escape)
+    # killed while writing an event: its fragment is the break, not a JSON error (a fresh-clone .ci/run of b279009
+    # saw one escape the client)
     for fragment in (b'data: {"choices": [{"delta": {"cont', b"data: ", b'data: {"choices": []}'):
         with pytest.raises(DeployError, match="broke off before its end .*ask again"):
             list(deltas_from([cut, fragment]))
