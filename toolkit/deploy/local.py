@@ -193,8 +193,8 @@ class LocalServer:
         python = python or configured_python(self.config)
         gpu = _has_gpu(python)
         family = _adapter_family(self.model) if self.config.serving.weights == "adapter" else None
-        if not gpu and family is not None and family.lora_serving_needs_gpu:
-            raise DeployError(
+        if not gpu and family is not None and family.lora_serving_needs_gpu:  # the config asks what it cannot: exit 2
+            raise DeployInputError(
                 f"vLLM serves LoRA on {family.name} (MoE) only on a GPU: on this machine serve the merged model "
                 "(serving.weights: merged; training.merge_adapter: true)"
             )

@@ -21,7 +21,7 @@ from tests.runs import free_port, serving, train_for_serving
 from tests.sagemaker_runtime import SageMakerRuntime
 from toolkit.cli import app
 from toolkit.config import load_config
-from toolkit.deploy import DeployError
+from toolkit.deploy import DeployError, DeployInputError
 from toolkit.deploy.client import ChatClient, deltas_from, messages_for, reply_problems
 from toolkit.deploy.local import LocalServer, serving_python
 
@@ -359,11 +359,17 @@ def test_cli_invoke_over_http_and_through_the_sagemaker_runtime_api(server, trai
         assert result.exit_code == 0, result.output
 
 
-def test_a_gpt_oss_adapter_on_cpu_is_refused_before_starting(trained):
+def test_a_gpt_oss_adapter_on_cpu_is_refused_before_starting(trained, tmp_path, monkeypatch):
+    """A setting this machine cannot serve is bad input: one line, exit 2 (the README's map), no server started."""
     _, model = trained
     adapter_only = load_config("tiny-gpt-oss-local", ["serving.weights=adapter"])
-    with pytest.raises(DeployError, match="LoRA on gpt-oss .* only on a GPU: on this machine serve the merged"):
+    with pytest.raises(DeployInputError, match="LoRA on gpt-oss .* only on a GPU: on this machine serve the merged"):
         LocalServer(adapter_only, model, port=free_port()).start()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--target", "local", "--model-dir", str(model),
+                                      "--set", "serving.weights=adapter"])  # fmt: skip
+    assert result.exit_code == 2 and "only on a GPU" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "runs" / "tiny-gpt-oss-local" / "serve.pid").exists()
 
 
 VLLM_ENGINE_DEATH = """INFO 12-04 10:00:01 [api_server.py:1] Starting vLLM API server on http://127.0.0.1:8080
