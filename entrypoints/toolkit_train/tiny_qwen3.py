@@ -64,14 +64,13 @@ CHAT_TEMPLATE = (Path(__file__).parent / "templates" / "tiny-qwen3.jinja").read_
 # The tiny Qwen3-MoE (`builtin:tiny-qwen3-moe`): the same tokenizer, template, sizes and pre-training, with the real
 # `Qwen3MoeForCausalLM`'s sparse MLP in every layer (a top-2-of-4 router `mlp.gate`, 3-D experts
 # `mlp.experts.gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I]): the MoE chat-template family's test model
-MOE_RECIPE: dict[str, Any] = {
-    **RECIPE,
-    "architecture": "Qwen3MoeForCausalLM",
+MOE_CONFIG: dict[str, Any] = {  # what Qwen3MoeConfig takes beyond the dense recipe's sizes
     "num_experts": 4,
     "num_experts_per_tok": 2,
     "moe_intermediate_size": 64,
     "decoder_sparse_step": 1,  # every layer sparse, as Qwen3-30B-A3B
 }
+MOE_RECIPE: dict[str, Any] = {**RECIPE, "architecture": "Qwen3MoeForCausalLM", **MOE_CONFIG}
 
 
 def tiny_qwen3_path(moe: bool = False) -> Path:
@@ -139,8 +138,7 @@ def _build(out: Path) -> None:
 def _build_moe(out: Path) -> None:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    moe = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step")
-    _build_with(out, MOE_RECIPE, Qwen3MoeConfig, Qwen3MoeForCausalLM, {key: MOE_RECIPE[key] for key in moe})
+    _build_with(out, MOE_RECIPE, Qwen3MoeConfig, Qwen3MoeForCausalLM, MOE_CONFIG)
 
 
 def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, extra: dict[str, Any]) -> None:
