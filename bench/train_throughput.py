@@ -605,6 +605,94 @@ def compile_diagnosis(config, device) -> dict:
     return out
 
 
+def fp8_gate(config, device) -> dict:
+    """training.fp8_frozen_experts against the fp32 fast path (TF32 off), same rows, 2 layers of the 20b shape: the
+    loss and LoRA gradients of the bf16 fast path and of the same with FP8 experts, eager and with compiled decoder
+    layers (as the entrypoint runs it). FP8 is not exact: the bound is its error beside bf16's own (passed: FP8's
+    gradient error at most twice bf16's, or 5% where bf16's is smaller, eager and compiled; the loss within 1%)."""
+    from toolkit_train.fp8 import attach_fp8_experts
+    from toolkit_train.model import compile_decoder_layers
+
+    rows = fp32_gate_rows(config)
+    reference_loss, reference = _fast_grads(_gate_model(config, device), rows, device)
+    out: dict = {"fp32_loss": round(reference_loss, 5)}
+    grads: dict = {}
+    for label, use_fp8, compiled in [("bf16", False, False), ("fp8", True, False), ("fp8_compiled", True, True)]:
+        model = _gate_model(config, device).to(torch.bfloat16)
+        if use_fp8:
+            attach_fp8_experts(model)
+        if compiled:
+            compile_decoder_layers(model)
+        loss, grads[label] = _fast_grads(model, rows, device)
+        out[f"{label}_loss_rel_err"] = abs(loss - reference_loss) / reference_loss
+        out[f"{label}_grad_rel_err"] = float((grads[label] - reference).norm() / reference.norm())
+        del model
+    out["fp8_compiled_vs_eager_grad_rel"] = float((grads["fp8_compiled"] - grads["fp8"]).norm() / grads["fp8"].norm())
+    out["passed"] = (
+        out["fp8_grad_rel_err"] <= max(2 * out["bf16_grad_rel_err"], 0.05)
+        and out["fp8_compiled_grad_rel_err"] <= max(2 * out["bf16_grad_rel_err"], 0.05)
+        and out["fp8_loss_rel_err"] < 0.01
+    )
+    return out
+
+
+def fp8_grouped_gemm(config, device, tokens: int) -> dict:
+    """One expert GEMM of the model's shape alone (gate_up: tokens x top-k rows, hidden -> 2 x intermediate, rows
+    spread unevenly over the experts): bf16 grouped GEMM against FP8 with row-wise scales, the rows' quantization
+    included and alone; the FP8 kernel checked against its float32 emulation on the same FP8 values (must agree to
+    accumulation rounding) and against the bf16 product. Medians of CUDA-event timings."""
+    from toolkit_train.fp8 import _emulated_grouped_mm, quantize_rows, quantized_copies, scaled_grouped_mm
+    from transformers.integrations.moe import _grouped_mm
+
+    experts, hidden, out_width = config.num_local_experts, config.hidden_size, 2 * config.intermediate_size
+    generator = torch.Generator(device=device).manual_seed(0)
+    weight = torch.randn(experts, hidden, out_width, device=device, generator=generator).to(torch.bfloat16) * 0.02
+    rows_n = tokens * config.num_experts_per_tok
+    share = torch.rand(experts, device=device, generator=generator) + 0.2
+    counts = (share / share.sum() * rows_n).floor().to(torch.int64)
+    counts[-1] += rows_n - int(counts.sum())
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    rows = torch.randn(rows_n, hidden, device=device, generator=generator).to(torch.bfloat16)
+    values, scales = quantized_copies(weight)["forward"]
+    b = values.transpose(1, 2)
+
+    quantize = torch.compile(quantize_rows) if device != "cpu" else quantize_rows
+    q, s = quantize(rows)
+    kernel = scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16).float()
+    emulated = _emulated_grouped_mm(q, b, s, scales, offsets)
+    exact = _grouped_mm(rows.float(), weight.float(), offs=offsets) if device == "cpu" else None
+    bf16 = _grouped_mm(rows, weight, offs=offsets).float()
+    reference = exact if exact is not None else bf16
+
+    def median_ms(function) -> float:
+        if device == "cpu":  # --tiny: the checks above only
+            return float("nan")
+        for _ in range(3):
+            function()
+        times = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            function()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        return round(sorted(times)[len(times) // 2], 3)
+
+    flops = 2 * rows_n * hidden * out_width
+    bf16_ms = median_ms(lambda: _grouped_mm(rows, weight, offs=offsets))
+    fp8_ms = median_ms(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16))
+    quantize_ms = median_ms(lambda: quantize(rows))
+    return {
+        "rows": rows_n, "experts": experts, "k": hidden, "n": out_width,
+        "kernel_vs_emulation_rel": float((kernel - emulated).norm() / emulated.norm()),
+        "fp8_vs_bf16_rel": float((kernel - reference).norm() / reference.norm()),
+        "bf16_ms": bf16_ms, "fp8_ms": fp8_ms, "quantize_rows_ms": quantize_ms,
+        "bf16_tflops": round(flops / bf16_ms / 1e9, 1), "fp8_tflops": round(flops / fp8_ms / 1e9, 1),
+        "speedup_gemm": round(bf16_ms / fp8_ms, 2), "speedup_with_quantize": round(bf16_ms / (fp8_ms + quantize_ms), 2),
+    }  # fmt: skip
+
+
 def moe_block(config, device, tokens: int) -> dict:
     """One MoE block of the model's shape, frozen bf16 weights, forward + backward to the input: transformers'
     grouped_mm path against the toolkit's fused path on the same inputs (outputs and input gradients compared
@@ -734,6 +822,7 @@ EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instea
 PEFT_CAST_SUFFIX = "-peft-cast"  # last: peft's fp32 input cast kept under autocast (the path before #48's second lever)
 # very last on a PACKED name: attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers)
 COMPILED_SUFFIX = "-compiled"
+FP8_SUFFIX = "-fp8"  # very last on a PLAN name: training.fp8_frozen_experts (the frozen experts' GEMMs in FP8)
 
 
 def packed_name(name: str) -> tuple[str, bool, int | None]:
@@ -753,6 +842,10 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **compile_diagnosis(gpt_oss_config(args.tiny, layers=2), device)}
     if name == "moe-block":
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
+    if name == "fp8-gate":
+        return {"name": name, **fp8_gate(gpt_oss_config(args.tiny, layers=2), device)}
+    if name == "fp8-gemm":
+        return {"name": name, **fp8_grouped_gemm(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     # the mxfp4 gates: --gate-layers decoder layers of --gate-size's shape (default: 2 layers of 20b's, 32 experts)
     gate_config = gpt_oss_config(args.tiny, layers=args.gate_layers, size=args.gate_size)
     gate_shape = {"shape": "tiny" if args.tiny else args.gate_size, "layers": args.gate_layers}
@@ -766,7 +859,8 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **gate_shape, **result, "passed": result["compiled_passed"]}
     if packed_name(name)[0] in PACKED:
         return run_packed(name, args, device)
-    base_name = name.removesuffix(PEFT_CAST_SUFFIX)
+    fp8 = name.endswith(FP8_SUFFIX)
+    base_name = name.removesuffix(FP8_SUFFIX).removesuffix(PEFT_CAST_SUFFIX)
     variant, max_length, budget, checkpointing, warmup = PLAN[EXPERT_LORA.get(base_name, base_name)]
     experts = "grouped_mm" if variant == "recipe" or base_name.endswith("-ref") else "toolkit_fused"
     budget = budget or args.budget
@@ -774,8 +868,12 @@ def run_one(name: str, args, device, dtype) -> dict:
     targets = EXPERT_PARAMETERS if base_name in EXPERT_LORA else []
     lora = LoraSettings(r=8, alpha=16, dropout=0.0, target_parameters=targets)
     model = add_lora(build_model(config, device, dtype, "eager", experts), lora, seed=0)
-    if name != base_name:
+    if name.removesuffix(FP8_SUFFIX) != base_name:
         _peft_cast_again(model)
+    if fp8:  # training.fp8_frozen_experts, as the entrypoint attaches it: before compiling
+        from toolkit_train.fp8 import attach_fp8_experts
+
+        attach_fp8_experts(model)
     if base_name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
         from toolkit_train.model import compile_decoder_layers
 
@@ -787,7 +885,7 @@ def run_one(name: str, args, device, dtype) -> dict:
     epoch_tokens = sum(row_lengths(1000, 2048))
     if "tokens_per_s" in row:  # one epoch of 1,000 Multilingual-Thinking-sized rows
         row["epoch_1000_rows_min"] = round(epoch_tokens / row["tokens_per_s"] / 60, 2)
-    return {"name": name, **row}
+    return {"name": name, **row, "expert_gemms": "fp8 (e4m3, row-wise)" if fp8 else "bf16"}
 
 
 def run_packed(name: str, args, device) -> dict:
@@ -889,7 +987,8 @@ def main() -> None:
 
 
 GATE_KEYS = {"gate": "correctness", "moe-block": "moe_block", "mxfp4-gate": "mxfp4_correctness",
-             "mxfp4-compiled-gate": "mxfp4_compiled_correctness"}  # fmt: skip
+             "mxfp4-compiled-gate": "mxfp4_compiled_correctness", "fp8-gate": "fp8_correctness",
+             "fp8-gemm": "fp8_grouped_gemm"}  # fmt: skip
 
 
 def write_gate_result(args, result: dict) -> None:
@@ -950,7 +1049,8 @@ def run_all(args) -> None:
     results["rows"] = rows
     from common import report
 
-    table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "lora", "packing", "gc", "max_length",
+    table = [{k: r.get(k, "") for k in ("name", "attention", "experts", "expert_gemms", "lora", "packing", "gc",
+                                         "max_length",
                                          "norms", "lora_input", "compiled",
                                          "tokens_per_micro_batch", "rows_per_optimizer_step", "tokens_per_s",
                                          "vs_recipe", "step_s",

@@ -53,8 +53,15 @@ def _kernel(name: str, function, device_type: str):
 
 
 def fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """Drop-in for transformers' experts forward (same arguments, same result)."""
+    """Drop-in for transformers' experts forward (same arguments, same result; with the experts' FP8 copies
+    attached, toolkit_train/fp8.py, their GEMMs run in FP8)."""
     from transformers.integrations.moe import _grouped_mm
+
+    from .fp8 import fp8_projection, has_fp8_copies
+
+    if has_fp8_copies(self):
+        gate_up_fp8, down_fp8 = fp8_projection(self, "gate_up_proj"), fp8_projection(self, "down_proj")
+        return fused_experts(self, hidden_states, top_k_index, top_k_weights, gate_up_fp8, down_fp8)
 
     def gate_up(rows, offsets):
         return _grouped_mm(rows, self.gate_up_proj, offs=offsets)

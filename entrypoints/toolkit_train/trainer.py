@@ -262,6 +262,11 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
+    if settings.training.fp8_frozen_experts:  # before compiling: the layers trace the FP8 path
+        from .fp8 import attach_fp8_experts
+
+        log(f"FP8 experts: {attach_fp8_experts(model)} layers' frozen experts quantized to e4m3 (forward and "
+            "input-gradient copies)")  # fmt: skip
     compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
     starve_for_test(model)
     return model, compiled, from_rank0
