@@ -682,6 +682,8 @@ def fp8_grouped_gemm(config, device, tokens: int) -> dict:
     flops = 2 * rows_n * hidden * out_width
     bf16_ms = median_ms(lambda: _grouped_mm(rows, weight, offs=offsets))
     fp8_ms = median_ms(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16))
+    fast_ms = median_ms(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16, fast_accum=True))
+    fast = scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16, fast_accum=True).float()
     quantize_ms = median_ms(lambda: quantize(rows))
     return {
         "rows": rows_n, "experts": experts, "k": hidden, "n": out_width,
@@ -690,7 +692,66 @@ def fp8_grouped_gemm(config, device, tokens: int) -> dict:
         "bf16_ms": bf16_ms, "fp8_ms": fp8_ms, "quantize_rows_ms": quantize_ms,
         "bf16_tflops": round(flops / bf16_ms / 1e9, 1), "fp8_tflops": round(flops / fp8_ms / 1e9, 1),
         "speedup_gemm": round(bf16_ms / fp8_ms, 2), "speedup_with_quantize": round(bf16_ms / (fp8_ms + quantize_ms), 2),
+        "fast_accum_ms": fast_ms, "fast_accum_tflops": round(flops / fast_ms / 1e9, 1),
+        "fast_accum_vs_emulation_rel": float((fast - emulated).norm() / emulated.norm()),
     }  # fmt: skip
+
+
+def fp8_block(config, device, tokens: int) -> dict:
+    """One MoE experts block of the model's shape, frozen weights, fixed routing (the same experts for every path:
+    no router whose near ties could flip), forward + backward to the input: bf16 and FP8 experts, each eager and
+    compiled (torch.compile of the block), against the block in fp32. Separates what FP8 and what the compiler
+    change from routing; times each (median of 20)."""
+    import copy
+
+    from toolkit_train.fp8 import attach_fp8_experts
+    from toolkit_train.moe import NAME, register
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    register()
+    config._experts_implementation = NAME
+    torch.manual_seed(0)
+    with torch.device(device):
+        reference = GptOssExperts(config).to(torch.float32)
+    for parameter in reference.parameters():
+        torch.nn.init.normal_(parameter, std=0.02)
+        parameter.requires_grad_(False)
+    hidden = torch.randn(tokens, config.hidden_size, device=device)
+    scores = torch.randn(tokens, config.num_local_experts, device=device)
+    weights, indices = torch.topk(scores.softmax(-1), config.num_experts_per_tok, dim=-1)
+    probe = torch.randn(tokens, config.hidden_size, device=device)
+
+    def run(module, dtype):
+        x = hidden.to(dtype).clone().requires_grad_(True)
+        out = module(x, indices, weights.to(dtype))
+        (out.float() * probe).sum().backward()
+        return out.detach().float(), x.grad.float()
+
+    want = run(reference, torch.float32)
+    bf16 = copy.deepcopy(reference).to(torch.bfloat16)
+    fp8 = copy.deepcopy(bf16)
+    attach_fp8_experts(fp8)
+    result: dict = {"tokens": tokens}
+    paths = {"bf16": bf16, "bf16_compiled": torch.compile(bf16), "fp8": fp8, "fp8_compiled": torch.compile(fp8)}
+    for label, module in paths.items():
+        out, grad = run(module, torch.bfloat16)
+        result[f"{label}_out_rel_err"] = float((out - want[0]).norm() / want[0].norm())
+        result[f"{label}_grad_rel_err"] = float((grad - want[1]).norm() / want[1].norm())
+        if device == "cpu":
+            continue
+        for _ in range(3):
+            run(module, torch.bfloat16)
+        times = []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            run(module, torch.bfloat16)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        result[f"{label}_ms"] = round(1000 * sorted(times)[len(times) // 2], 2)
+    if device != "cpu":
+        result["speedup_compiled"] = round(result["bf16_compiled_ms"] / result["fp8_compiled_ms"], 2)
+    return result
 
 
 def moe_block(config, device, tokens: int) -> dict:
@@ -844,6 +905,8 @@ def run_one(name: str, args, device, dtype) -> dict:
         return {"name": name, **moe_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     if name == "fp8-gate":
         return {"name": name, **fp8_gate(gpt_oss_config(args.tiny, layers=2), device)}
+    if name == "fp8-block":
+        return {"name": name, **fp8_block(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     if name == "fp8-gemm":
         return {"name": name, **fp8_grouped_gemm(gpt_oss_config(args.tiny, layers=1), device, args.budget)}
     # the mxfp4 gates: --gate-layers decoder layers of --gate-size's shape (default: 2 layers of 20b's, 32 experts)
@@ -988,7 +1051,7 @@ def main() -> None:
 
 GATE_KEYS = {"gate": "correctness", "moe-block": "moe_block", "mxfp4-gate": "mxfp4_correctness",
              "mxfp4-compiled-gate": "mxfp4_compiled_correctness", "fp8-gate": "fp8_correctness",
-             "fp8-gemm": "fp8_grouped_gemm"}  # fmt: skip
+             "fp8-gemm": "fp8_grouped_gemm", "fp8-block": "fp8_block"}  # fmt: skip
 
 
 def write_gate_result(args, result: dict) -> None:

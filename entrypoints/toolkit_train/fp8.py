@@ -74,11 +74,16 @@ def _emulated_grouped_mm(a, b, a_scales, b_scales, offsets) -> torch.Tensor:
     return out
 
 
-def scaled_grouped_mm(a, b, a_scales, b_scales, offsets, out_dtype: torch.dtype) -> torch.Tensor:
+def scaled_grouped_mm(
+    a, b, a_scales, b_scales, offsets, out_dtype: torch.dtype, fast_accum: bool = False
+) -> torch.Tensor:
     """a [M, k] e4m3 row-major, b [E, k, n] e4m3 with k contiguous (a transposed view), a_scales [M], b_scales
-    [E, n] -> [M, n] in out_dtype. torch's CUTLASS kernel on a GPU (bf16 out), emulated in float32 elsewhere."""
+    [E, n] -> [M, n] in out_dtype. torch's CUTLASS kernel on a GPU (bf16 out; `fast_accum`: Hopper's FP8
+    accumulation without the periodic promotion to fp32, the bench's probe only), emulated in float32 elsewhere."""
     if a.device.type == "cuda":
-        out = torch._scaled_grouped_mm(a, b, a_scales, b_scales, offs=offsets, out_dtype=torch.bfloat16)
+        out = torch._scaled_grouped_mm(
+            a, b, a_scales, b_scales, offs=offsets, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+        )
         return out.to(out_dtype)
     return _emulated_grouped_mm(a, b, a_scales, b_scales, offsets).to(out_dtype)
 
