@@ -55,7 +55,7 @@ LOSS_CRITERION = "|loss_compiled - loss_eager| <= 2^-8 * |loss_eager| at every s
 STEADY_SKIP = 2  # tokens/s: the median of a run's steps after its first two (the first compiles, the next may too)
 
 
-def settings(model: Path, compile_layers: bool | str, max_steps: int, fp8: bool = False) -> TrainSettings:
+def settings(model: Path, compile_layers: bool | str, max_steps: int) -> TrainSettings:
     return TrainSettings.model_validate(
         {
             "model": {"id": str(model)},
@@ -75,7 +75,6 @@ def settings(model: Path, compile_layers: bool | str, max_steps: int, fp8: bool 
                 "warmup_ratio": 0.1,
                 "compile_layers": compile_layers,
                 "merge_adapter": False,
-                "fp8_frozen_experts": fp8,
             },
         }
     )
@@ -161,7 +160,6 @@ def run(root: Path, train: TrainSettings, timeout: float = 900) -> dict:
         "resumed": next((line for line in lines if "resum" in line.lower()), ""),
         "merged": next((line for line in lines if "merged" in line.lower()), ""),
         "peak_gpu": next((line for line in lines if "peak gpu" in line.lower()), ""),
-        "fp8": next((line for line in lines if line.startswith("[toolkit] FP8 experts")), ""),  # the path ran
         "saves": [line for line in lines if "saved and sealed" in line],  # size and time of each checkpoint save
         "steps": [int(m.split("step=")[1].split("/")[0]) for m in metrics],
         "losses": [float(m.split("loss=")[1].split()[0]) for m in metrics],
@@ -293,45 +291,8 @@ def main_slice(layers: int, expert_lora: bool = False, budget: float = 1800, rep
         write(round(merged_gb, 2))
 
 
-def main_fp8(steps: int) -> None:
-    """`--fp8 [--steps N]`: the accuracy bound of training.fp8_frozen_experts, through the entrypoint: the tiny
-    gpt-oss (the builtin's architecture and tokenizer, random weights: its pre-training would cost the device
-    minutes of CPU), LoRA on attention (the experts frozen), the sample data, N steps with
-    the experts' GEMMs in bf16 and then in FP8 (compiled layers both, same seed and batches). The per-step loss gap
-    is the bound: FP8 is not exact, so unlike compiled-vs-eager no rounding criterion applies; it is reported (max,
-    mean of the last tenth, final losses) with each run's tokens/s. Writes bench/results/entrypoint_gpu_fp8.json."""
-    from toolkit_train.tiny_model import _build
-
-    runs = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        model = Path(scratch) / "tiny-gpt-oss-random"
-        _build(model, mxfp4=False, pretrain=False)
-        for label, fp8 in (("bf16", False), ("fp8", True)):
-            train = settings(model, "auto", steps, fp8=fp8)
-            train.lora.target_modules = "all-linear"
-            runs[label] = run(Path(scratch) / label, train)
-    pairs = list(zip(runs["bf16"]["losses"], runs["fp8"]["losses"], strict=False))
-    gaps = [abs(f - b) for b, f in pairs]
-    tail = max(1, len(pairs) // 10)
-    rows = [{"run": label, "rc": r["rc"], "steps": len(r["losses"]), "first_loss": r["losses"][:1],
-             "last_loss": r["losses"][-1:], "mean_last_tenth": round(statistics.mean(r["losses"][-tail:]), 4)
-             if r["losses"] else None, "tokens_per_s": steady_rate(r), "seconds": r["seconds"]}
-            for label, r in runs.items()]  # fmt: skip
-    report("entrypoint_gpu_fp8", rows, {
-        "steps_compared": len(pairs), "same_steps": runs["bf16"]["steps"] == runs["fp8"]["steps"],
-        "max_abs_gap": max(gaps, default=None),
-        "max_rel_gap": max((g / b for g, (b, _) in zip(gaps, pairs, strict=True)), default=None),
-        "mean_abs_gap_last_tenth": statistics.mean(gaps[-tail:]) if gaps else None,
-        "runs": runs,
-    })  # fmt: skip
-
-
 def main() -> None:
     from toolkit_train.tiny_model import _build
-
-    if "--fp8" in sys.argv:
-        main_fp8(int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 200)
-        return
 
     if "--shape" in sys.argv:
         layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 8

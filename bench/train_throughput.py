@@ -606,10 +606,11 @@ def compile_diagnosis(config, device) -> dict:
 
 
 def fp8_gate(config, device) -> dict:
-    """training.fp8_frozen_experts against the fp32 fast path (TF32 off), same rows, 2 layers of the 20b shape: the
-    loss and LoRA gradients of the bf16 fast path and of the same with FP8 experts, eager and with compiled decoder
-    layers (as the entrypoint runs it). FP8 is not exact: the bound is its error beside bf16's own (passed: FP8's
-    gradient error at most twice bf16's, or 5% where bf16's is smaller, eager and compiled; the loss within 1%)."""
+    """FP8 frozen experts (toolkit_train/fp8.py) against the fp32 fast path (TF32 off), same rows, 2 layers of the
+    20b shape: the loss and LoRA gradients of the bf16 fast path and of the same with FP8 experts, eager and with
+    compiled decoder layers (as the entrypoint would run it). FP8 is not exact: the bound is its error beside bf16's
+    own (passed: FP8's gradient error at most twice bf16's, or 5% where bf16's is smaller, eager and compiled; the
+    loss within 1%)."""
     from toolkit_train.fp8 import attach_fp8_experts
     from toolkit_train.model import compile_decoder_layers
 
@@ -732,8 +733,12 @@ def fp8_block(config, device, tokens: int) -> dict:
     fp8 = copy.deepcopy(bf16)
     attach_fp8_experts(fp8)
     result: dict = {"tokens": tokens}
-    paths = {"bf16": bf16, "bf16_compiled": torch.compile(bf16), "fp8": fp8, "fp8_compiled": torch.compile(fp8)}
+    from toolkit_train import fp8 as fp8_module
+
+    paths = {"bf16": bf16, "bf16_compiled": torch.compile(bf16), "fp8": fp8, "fp8_compiled": torch.compile(fp8),
+             "fp8_function_compiled": torch.compile(copy.deepcopy(fp8))}  # fmt: skip
     for label, module in paths.items():
+        fp8_module.USE_FUNCTION = label == "fp8_function_compiled"  # the autograd.Function form (lost its backward)
         out, grad = run(module, torch.bfloat16)
         result[f"{label}_out_rel_err"] = float((out - want[0]).norm() / want[0].norm())
         result[f"{label}_grad_rel_err"] = float((grad - want[1]).norm() / want[1].norm())
@@ -883,7 +888,7 @@ EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instea
 PEFT_CAST_SUFFIX = "-peft-cast"  # last: peft's fp32 input cast kept under autocast (the path before #48's second lever)
 # very last on a PACKED name: attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers)
 COMPILED_SUFFIX = "-compiled"
-FP8_SUFFIX = "-fp8"  # very last on a PLAN name: training.fp8_frozen_experts (the frozen experts' GEMMs in FP8)
+FP8_SUFFIX = "-fp8"  # very last on a PLAN name: the frozen experts' GEMMs in FP8 (toolkit_train/fp8.py; #48's lever)
 
 
 def packed_name(name: str) -> tuple[str, bool, int | None]:
@@ -933,7 +938,7 @@ def run_one(name: str, args, device, dtype) -> dict:
     model = add_lora(build_model(config, device, dtype, "eager", experts), lora, seed=0)
     if name.removesuffix(FP8_SUFFIX) != base_name:
         _peft_cast_again(model)
-    if fp8:  # training.fp8_frozen_experts, as the entrypoint attaches it: before compiling
+    if fp8:  # the FP8 copies, attached before compiling (the layers trace the FP8 path)
         from toolkit_train.fp8 import attach_fp8_experts
 
         attach_fp8_experts(model)

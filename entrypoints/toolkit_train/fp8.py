@@ -1,4 +1,6 @@
-"""FP8 (e4m3) grouped GEMMs for the frozen bf16 experts of gpt-oss (`training.fp8_frozen_experts`, #48).
+"""FP8 (e4m3) grouped GEMMs for the frozen bf16 experts of gpt-oss: #48's lever, measured by the bench
+(bench/train_throughput.py's -fp8 variants, fp8-block, fp8-gemm) and not a setting: on an H100 the compiled 20b step
+ran at 0.99x bf16's (docs/performance.md), so nothing in training attaches these copies.
 
 With LoRA on attention the experts are frozen: training needs their forward product and the gradient to their
 inputs, never a gradient to their weights. Both products can run on Hopper's FP8 tensor cores (~1.4x bf16's rate on
@@ -34,6 +36,7 @@ PROJECTIONS = ("gate_up_proj", "down_proj")
 COPIES = ("forward", "backward")
 # Hopper's FP8 tensor cores: compute capability 8.9 (Ada) and up run torch's row-wise scaled grouped GEMM on 9.0 only
 MIN_CAPABILITY = (9, 0)
+USE_FUNCTION = False  # the bench's fp8-block only: Fp8GroupedMM (autograd.Function) instead of the custom op
 
 
 def buffer_name(projection: str, copy: str, part: str) -> str:
@@ -88,8 +91,70 @@ def scaled_grouped_mm(
     return _emulated_grouped_mm(a, b, a_scales, b_scales, offsets).to(out_dtype)
 
 
+_COMPILED: dict[str, Any] = {}
+
+
+def _quantize_rows_fast(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows as one compiled kernel on GPUs (eager elsewhere)."""
+    if x.device.type != "cuda":
+        return quantize_rows(x)
+    if "quantize_rows" not in _COMPILED:
+        _COMPILED["quantize_rows"] = torch.compile(quantize_rows, dynamic=True)
+    return _COMPILED["quantize_rows"](x)
+
+
+@torch.library.custom_op("toolkit::fp8_rows_times", mutates_args=())
+def fp8_rows_times(
+    rows: torch.Tensor, values: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """rows [M, k] (quantized here, per row) times each expert's FP8 weight copy (values [E, n, k], k contiguous;
+    scales [E, n]) -> [M, n] in rows' dtype. An opaque op: torch.compile keeps it whole (see fp8_grouped_mm)."""
+    quantized, row_scales = _quantize_rows_fast(rows)
+    return scaled_grouped_mm(quantized, values.transpose(1, 2), row_scales, scales, offsets, rows.dtype)
+
+
+@fp8_rows_times.register_fake
+def _(rows, values, scales, offsets):
+    return rows.new_empty(rows.shape[0], values.shape[1])
+
+
+@torch.library.custom_op("toolkit::fp8_grouped_mm", mutates_args=())
+def fp8_grouped_mm(
+    rows: torch.Tensor,
+    forward_values: torch.Tensor,
+    forward_scales: torch.Tensor,
+    backward_values: torch.Tensor,
+    backward_scales: torch.Tensor,
+    offsets: torch.Tensor,
+) -> torch.Tensor:
+    """rows @ W per expert with W frozen and held as its two FP8 copies; differentiable in the rows only.
+    A custom op with its autograd registered, not an autograd.Function: inside a compiled decoder layer, torch 2.11
+    traced the autograd.Function version's forward right and lost its backward (the rows' gradient came back zero,
+    bench fp8-block on an H100), which made the compiled layers look fast and learn through the residual alone."""
+    return fp8_rows_times(rows, forward_values, forward_scales, offsets)
+
+
+@fp8_grouped_mm.register_fake
+def _(rows, forward_values, forward_scales, backward_values, backward_scales, offsets):
+    return rows.new_empty(rows.shape[0], forward_values.shape[1])
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    _, _, _, backward_values, backward_scales, offsets = inputs
+    ctx.save_for_backward(backward_values, backward_scales, offsets)
+
+
+def _backward(ctx: Any, grad: torch.Tensor):
+    backward_values, backward_scales, offsets = ctx.saved_tensors
+    return fp8_rows_times(grad.contiguous(), backward_values, backward_scales, offsets), None, None, None, None, None
+
+
+fp8_grouped_mm.register_autograd(_backward, setup_context=_setup_context)
+
+
 class Fp8GroupedMM(torch.autograd.Function):
-    """rows @ W per expert with W frozen and held as its two FP8 copies; returns a gradient for the rows only."""
+    """The autograd.Function form of fp8_grouped_mm (the bench's fp8-block compares the two under torch.compile):
+    right eagerly; compiled, its backward was lost."""
 
     @staticmethod
     def forward(ctx: Any, rows, forward_values, forward_scales, backward_values, backward_scales, offsets):
@@ -112,7 +177,9 @@ def fp8_projection(experts: torch.nn.Module, projection: str):
     parts = [getattr(experts, buffer_name(projection, copy, part)) for copy in COPIES for part in ("values", "scales")]
 
     def run(rows, offsets):
-        return Fp8GroupedMM.apply(rows, *parts, offsets)
+        if USE_FUNCTION:
+            return Fp8GroupedMM.apply(rows, *parts, offsets)
+        return fp8_grouped_mm(rows, *parts, offsets)
 
     return run
 
@@ -129,8 +196,8 @@ def unsupported_here(device: torch.device) -> str | None:
     if capability < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
         return (
-            f"training.fp8_frozen_experts needs a GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
-            f"(H100/H200); {name} is {capability[0]}.{capability[1]}: set training.fp8_frozen_experts: false"
+            f"FP8 experts need a GPU of compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} "
+            f"(H100/H200); {name} is {capability[0]}.{capability[1]}"
         )
     return None
 
@@ -148,9 +215,8 @@ def attach_fp8_experts(model: torch.nn.Module, release: bool = True) -> int:
             continue
         if any(w.requires_grad for w in weights):
             raise ValueError(
-                f"training.fp8_frozen_experts: {name}'s expert weights train (LoRA on bf16 experts adapts them "
-                "through the weights); FP8 copies serve frozen experts only: drop lora.target_parameters or "
-                "set training.fp8_frozen_experts: false"
+                f"FP8 experts: {name}'s expert weights train (LoRA on bf16 experts adapts them "
+                "through the weights); FP8 copies serve frozen experts only"
             )
         problem = unsupported_here(weights[0].device)
         if problem:

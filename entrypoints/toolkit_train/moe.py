@@ -53,8 +53,8 @@ def _kernel(name: str, function, device_type: str):
 
 
 def fused_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """Drop-in for transformers' experts forward (same arguments, same result; with the experts' FP8 copies
-    attached, toolkit_train/fp8.py, their GEMMs run in FP8)."""
+    """Drop-in for transformers' experts forward (same arguments, same result; with FP8 copies attached, which only
+    the bench does (toolkit_train/fp8.py, #48's measured lever), the GEMMs run in FP8)."""
     from transformers.integrations.moe import _grouped_mm
 
     from .fp8 import fp8_projection, has_fp8_copies

@@ -377,14 +377,6 @@ class TrainingSettings(StrictModel):
         "checks, on gpt-oss; off elsewhere (Qwen3 too: true compiles it unchecked). The first steps are slower "
         "while the layers compile.",
     )
-    fp8_frozen_experts: bool = Field(
-        False,
-        description="gpt-oss with bf16 experts and LoRA on attention: run the frozen experts' grouped GEMMs (forward "
-        "and input gradient) in FP8 e4m3 with row-wise scales, on an H100/H200 (faster, not exact: "
-        "docs/performance.md has the speed and the loss against bf16). Two FP8 copies of the experts take the bf16 "
-        "experts' place in GPU memory (the merge reloads the base from its checkpoint). Not built for "
-        "model.experts: mxfp4 or expert LoRA.",
-    )
     seed: int = Field(42, description="Seeds LoRA init, data order and dropout (resumes stay identical).")
     save_steps: int = Field(50, ge=0, description="Checkpoint every N steps (0: only at the end and on SIGTERM).")
     save_total_limit: int = Field(2, ge=1, description="Checkpoints kept.")
@@ -497,34 +489,6 @@ class TrainSettings(StrictModel):
             raise ValueError(
                 "model.experts: mxfp4 trains with training.distributed: ddp (each GPU holds the packed model; "
                 "gpt-oss-120b packed is ~65 GB): set ddp, or model.experts: bf16 for fsdp"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _fp8_experts_are_frozen_bf16(self) -> TrainSettings:
-        """FP8 copies exist for frozen bf16 gpt-oss experts only (toolkit_train/fp8.py)."""
-        if not self.training.fp8_frozen_experts:
-            return self
-        family = self.model.known_family
-        if family is not None and not family.fused_experts:
-            raise ValueError(
-                f"training.fp8_frozen_experts runs gpt-oss's fused experts in FP8; {family.name} has none: set "
-                "training.fp8_frozen_experts: false"
-            )
-        if self.model.experts == "mxfp4":
-            raise ValueError(
-                "training.fp8_frozen_experts is not built for model.experts: mxfp4 (packed experts dequantize to "
-                "bf16 per layer): set model.experts: bf16, or training.fp8_frozen_experts: false"
-            )
-        if self.training.distributed != "ddp":
-            raise ValueError(
-                "training.fp8_frozen_experts runs with training.distributed: ddp (each GPU quantizes its own copy of "
-                "the experts): set ddp, or training.fp8_frozen_experts: false"
-            )
-        if self.lora.target_parameters:
-            raise ValueError(
-                "training.fp8_frozen_experts needs frozen experts, and lora.target_parameters adapts them: drop "
-                "lora.target_parameters, or set training.fp8_frozen_experts: false"
             )
         return self
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -71,17 +72,45 @@ RECIPE: dict[str, Any] = {
     "pretrain_documents": 1200,
     "pretrain_steps": 700,
     "pretrain_threads": 2,  # the same arithmetic on every machine (a CPU's thread count changes float sums)
+    "pretrain_cpu_path": "avx2",  # and the same kernels (PORTABLE_CPU: a process of its own, built_portably)
+    "pretrain_deterministic": True,  # torch.use_deterministic_algorithms (_pretrain_on: the same model every build)
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
 }
 TOOLS_RECIPE = {"pretrain_text": "every third conversation a row of the tool-calling sample"}
 
 
+# The pre-training runs on one CPU code path wherever it runs: ATen's AVX2 kernels (not a machine's AVX-512 ones),
+# MKL's AVX2 results (conditional numerical reproducibility) and oneDNN capped at AVX2. Each machine's widest path
+# sums floats in its own order, and 700 steps from one seed then end in different models: the main job's base
+# measured validation loss 5.965 on one machine and 6.178 on another, and its fine-tune passed scripts/test.sh's
+# quality check on the first and failed it on the second (format_valid 0.333, chrF interval below zero). These are
+# read when torch starts, so the build runs in a process of its own (built_portably).
+PORTABLE_CPU = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     """Path of the tiny model, building it first if this machine has none cached."""
     recipe = [RECIPE, mxfp4, *([TOOLS_RECIPE] if tools else [])]
     stem = f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}{'-tools' if tools else ''}"
-    return cached_build(stem, recipe, lambda out: _build(out, mxfp4, tools=tools), "about 4 minutes on a laptop CPU")
+    return cached_build(stem, recipe, lambda out: built_portably(out, mxfp4, tools), "about 4 minutes on a laptop CPU")
+
+
+def built_portably(out: Path, mxfp4: bool, tools: bool) -> None:
+    """`_build(out, mxfp4, tools=tools)` in a child process on the PORTABLE_CPU code path (its progress lines
+    pass through); raises RuntimeError if it fails."""
+    import subprocess
+
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    code = (
+        "import sys; from pathlib import Path; from toolkit_train.tiny_model import _build; "
+        f"_build(Path(sys.argv[1]), {mxfp4!r}, tools={tools!r})"
+    )
+    path = os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, **PORTABLE_CPU, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", code, str(out)], env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the tiny model {out.name} failed (exit {done.returncode}; its output is above)")
 
 
 def cached_build(stem: str, recipe: Any, build: Callable[[Path], None], duration: str) -> Path:
@@ -278,18 +307,23 @@ def _pretrain(model, tokenizer, tools: bool = False) -> None:
 
 def _pretrain_on(model, tokenizer, sequences: list, recipe: dict[str, Any] = RECIPE) -> None:
     """`_pretrain_steps` on these token sequences, the softmax over the tokens they use (+ one class for the rest),
-    with the recipe's CPU thread count (the same arithmetic on every machine). `recipe`: another tiny model's."""
+    with the recipe's CPU thread count (the same arithmetic on every machine) and torch's deterministic algorithms:
+    without them two builds in two processes of one machine ended in different weights (2 of 3 runs of 30 steps
+    agreed; the cached model and a rebuild differed by up to 0.28 in a weight), with them every build agrees.
+    `recipe`: another tiny model's."""
     import torch
 
     used = torch.unique(torch.cat(sequences))
     to_used = torch.full((len(tokenizer),), -100, dtype=torch.long)
     to_used[used] = torch.arange(len(used))
-    threads = torch.get_num_threads()
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(recipe["pretrain_threads"])
+    torch.use_deterministic_algorithms(True)
     try:
         _pretrain_steps(model, tokenizer, sequences, used, to_used, recipe)
     finally:
         torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def _pretrain_steps(model, tokenizer, sequences: list, used, to_used, recipe: dict[str, Any] = RECIPE) -> None:

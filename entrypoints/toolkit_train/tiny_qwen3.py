@@ -42,6 +42,7 @@ RECIPE: dict[str, Any] = {
     "pretrain_threads": 2,  # the same arithmetic on every machine (a CPU's thread count changes float sums)
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
+    "pretrain_deterministic": True,  # tiny_model._pretrain_on: the same model every build
 }
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")

@@ -248,9 +248,13 @@ def check_optimizer_covers_trainable(model, optimizer) -> None:
 def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     """The base model with its LoRA adapter, ready to train: (model, decoder layers compiled, whether rank 0 alone
     read the weights and the other ranks receive them from it when FSDP shards the model)."""
+    import torch
+
     from .faults import fault_point, starve_for_test
     from .model import add_lora, give_trainable_storage, load_model
 
+    if not torch.cuda.is_available():  # CPU runs (the demo, tests): one config, one model (see tiny_model._pretrain_on)
+        torch.use_deterministic_algorithms(True)
     from_rank0 = loads_from_rank0(settings)
     reads = rank() == 0 or not from_rank0
     model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
@@ -262,11 +266,6 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
-    if settings.training.fp8_frozen_experts:  # before compiling: the layers trace the FP8 path
-        from .fp8 import attach_fp8_experts
-
-        log(f"FP8 experts: {attach_fp8_experts(model)} layers' frozen experts quantized to e4m3 (forward and "
-            "input-gradient copies)")  # fmt: skip
     compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
     starve_for_test(model)
     return model, compiled, from_rank0

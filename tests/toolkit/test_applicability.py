@@ -392,7 +392,7 @@ TRAINING_OTHER = _prefixed("training", {
     "compile_layers": True, "seed": 7, "save_steps": 3, "save_total_limit": 5, "logging_steps": 2,
     "report_to": ["tensorboard"], "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}, "distributed": "fsdp",
     "fsdp_sharding": "hybrid_shard", "packing": True, "tokens_per_micro_batch": 2048, "merge_adapter": False,
-    "method": "dpo", "dpo.beta": 0.3, "dpo.loss_type": "ipo", "fp8_frozen_experts": True,
+    "method": "dpo", "dpo.beta": 0.3, "dpo.loss_type": "ipo",
 })  # fmt: skip
 TRAINING_JOB_OTHER = _prefixed("training_job", {
     "instance_type": "ml.p4d.24xlarge", "instance_count": 2, "image_uri": "registry.example/train:1", "spot": True,

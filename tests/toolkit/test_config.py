@@ -164,27 +164,6 @@ BROKEN = [
         {"model": {"id": "Qwen/Qwen3-0.6B", "experts": "mxfp4"}, "lora": {"target_parameters": []}},
         "model.experts: mxfp4 is for gpt-oss",
     ),
-    (
-        {
-            "model": {"id": "openai/gpt-oss-20b", "experts": "mxfp4"},
-            "lora": {"target_parameters": []},
-            "training": {"fp8_frozen_experts": True},
-        },
-        "training.fp8_frozen_experts is not built for model.experts: mxfp4",
-    ),
-    ({"training": {"fp8_frozen_experts": True}}, "training.fp8_frozen_experts needs frozen experts"),
-    (
-        {"lora": {"target_parameters": []}, "training": {"fp8_frozen_experts": True, "distributed": "fsdp"}},
-        "training.fp8_frozen_experts runs with training.distributed: ddp",
-    ),
-    (
-        {
-            "model": {"id": "Qwen/Qwen3-30B-A3B"},
-            "lora": {"target_parameters": [], "target_modules": ["q_proj"]},
-            "training": {"fp8_frozen_experts": True},
-        },
-        "qwen3-moe has none",
-    ),
     ({"model": {"id": "/no/such/checkpoint"}}, "model.id: /no/such/checkpoint is not a directory on this machine"),
     ({"target": "training-job", "model": {"id": "/fsx/models/base"}}, "a training job cannot read the local"),
     ({"lora": {"rnak": 16}}, "lora.rnak: unknown key; did you mean 'r'?"),

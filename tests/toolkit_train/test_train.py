@@ -24,17 +24,8 @@ def _logits(model, input_ids):
         return model(input_ids=input_ids).logits
 
 
-FP8 = ["lora.target_parameters=[]", "training.fp8_frozen_experts=true"]  # CPU: the FP8 products emulated
-
-
-@pytest.mark.parametrize(
-    "lora",
-    [["lora.target_parameters=[]"], [EXPERTS], FP8],
-    ids=["attention", "attention+experts", "attention+fp8-experts"],
-)
+@pytest.mark.parametrize("lora", [["lora.target_parameters=[]"], [EXPERTS]], ids=["attention", "attention+experts"])
 def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
-    """It learns; the adapter and the merged model reload to the same logits (with FP8 experts too: the training
-    model's bf16 experts were released, and the merge builds on the checkpoint's own)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -45,7 +36,6 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
     assert len(curve) == 16
     assert "an optimizer step averages ~" in result.stdout  # packing's batch semantics, said where it is set
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5 - 0.1, curve  # it learns
-    assert ("[toolkit] FP8 experts: 2 layers'" in result.stdout) == (lora == FP8)
 
     adapter, merged = root / "model" / "adapter", root / "model" / "merged"
     config = json.loads((adapter / "adapter_config.json").read_text())
