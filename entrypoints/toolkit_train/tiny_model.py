@@ -57,7 +57,7 @@ RECIPE: dict[str, Any] = {
     "num_experts_per_tok": 2,
     "sliding_window": 64,
     "max_position_embeddings": 4096,
-    "seed": 0,
+    "seed": 1,
     # gpt-oss's generation_config.json: generation stops at a final answer, the end of text or a tool call
     "generation_eos": ["<|return|>", "<|endoftext|>", "<|call|>"],
     # and its sampling defaults, which vLLM applies to a request that names none (a third-party client, a curl): a
@@ -93,18 +93,20 @@ def tiny_gpt_oss_path(mxfp4: bool = False, tools: bool = False) -> Path:
     """Path of the tiny model, building it first if this machine has none cached."""
     recipe = [RECIPE, mxfp4, *([TOOLS_RECIPE] if tools else [])]
     stem = f"tiny-gpt-oss{'-mxfp4' if mxfp4 else ''}{'-tools' if tools else ''}"
-    return cached_build(stem, recipe, lambda out: built_portably(out, mxfp4, tools), "about 4 minutes on a laptop CPU")
+    build = lambda out: built_portably(out, "tiny_model._build", mxfp4=mxfp4, tools=tools)  # noqa: E731
+    return cached_build(stem, recipe, build, "about 4 minutes on a laptop CPU")
 
 
-def built_portably(out: Path, mxfp4: bool, tools: bool) -> None:
-    """`_build(out, mxfp4, tools=tools)` in a child process on the PORTABLE_CPU code path (its progress lines
-    pass through); raises RuntimeError if it fails."""
+def built_portably(out: Path, builder: str, **arguments: bool) -> None:
+    """`toolkit_train.<module>.<function>(out, **arguments)` (builder "module.function") in a child process on the
+    PORTABLE_CPU code path (its progress lines pass through); raises RuntimeError if it fails."""
     import subprocess
 
+    module, function = builder.rsplit(".", 1)
     package_parent = str(Path(__file__).resolve().parent.parent)
     code = (
-        "import sys; from pathlib import Path; from toolkit_train.tiny_model import _build; "
-        f"_build(Path(sys.argv[1]), {mxfp4!r}, tools={tools!r})"
+        f"import sys; from pathlib import Path; from toolkit_train.{module} import {function}; "
+        f"{function}(Path(sys.argv[1]), **{arguments!r})"
     )
     path = os.pathsep.join([package_parent, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, **PORTABLE_CPU, "PYTHONPATH": path}
