@@ -320,7 +320,7 @@ def _pretrain_on(model, tokenizer, sequences: list, recipe: dict[str, Any] = REC
     to_used[used] = torch.arange(len(used))
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(recipe["pretrain_threads"])
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(bool(recipe.get("pretrain_deterministic")))  # Qwen3's recipes: not yet
     try:
         _pretrain_steps(model, tokenizer, sequences, used, to_used, recipe)
     finally:

@@ -18,11 +18,10 @@ fine-tune on the multilingual sample has a skill to teach (reasoning in the lang
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .tiny_model import built_portably, cached_build
+from .tiny_model import cached_build
 
 RECIPE: dict[str, Any] = {
     "tokenizer": "byte-level BPE on the bundled samples' text",
@@ -43,8 +42,6 @@ RECIPE: dict[str, Any] = {
     "pretrain_threads": 2,  # the same arithmetic on every machine (a CPU's thread count changes float sums)
     "pretrain_batch": 16,
     "pretrain_learning_rate": 3e-3,
-    "pretrain_deterministic": True,  # tiny_model._pretrain_on: the same model every build
-    "pretrain_cpu_path": "avx2",  # tiny_model.PORTABLE_CPU (built_portably): the same model on every machine
 }
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -79,10 +76,8 @@ MOE_RECIPE: dict[str, Any] = {**RECIPE, "architecture": "Qwen3MoeForCausalLM", *
 def tiny_qwen3_path(moe: bool = False) -> Path:
     """Path of the tiny Qwen3 (the MoE one with `moe`), building it first if this machine has none cached."""
     if moe:
-        moe_build = partial(built_portably, builder="tiny_qwen3._build_moe")
-        return cached_build("tiny-qwen3-moe", [MOE_RECIPE, CHAT_TEMPLATE], moe_build, "under a minute")
-    build = partial(built_portably, builder="tiny_qwen3._build")
-    return cached_build("tiny-qwen3", [RECIPE, CHAT_TEMPLATE], build, "a few seconds")
+        return cached_build("tiny-qwen3-moe", [MOE_RECIPE, CHAT_TEMPLATE], _build_moe, "under a minute")
+    return cached_build("tiny-qwen3", [RECIPE, CHAT_TEMPLATE], _build, "a few seconds")
 
 
 def sample_texts() -> list[str]:
