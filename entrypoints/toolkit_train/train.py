@@ -440,6 +440,10 @@ def load_hf_token() -> None:
 def main() -> int:
     relaunch_under_torchrun()
     paths = Paths.from_env()
+    import torch
+
+    if not torch.cuda.is_available():  # CPU runs (the demo): one config, one model (see tiny_model._pretrain_on)
+        torch.use_deterministic_algorithms(True)  # the job's process only: in-process callers keep their own
     try:
         load_hf_token()
         settings = read_settings(paths)

@@ -248,13 +248,10 @@ def check_optimizer_covers_trainable(model, optimizer) -> None:
 def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     """The base model with its LoRA adapter, ready to train: (model, decoder layers compiled, whether rank 0 alone
     read the weights and the other ranks receive them from it when FSDP shards the model)."""
-    import torch
 
     from .faults import fault_point, starve_for_test
     from .model import add_lora, give_trainable_storage, load_model
 
-    if not torch.cuda.is_available():  # CPU runs (the demo, tests): one config, one model (see tiny_model._pretrain_on)
-        torch.use_deterministic_algorithms(True)
     from_rank0 = loads_from_rank0(settings)
     reads = rank() == 0 or not from_rank0
     model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
