@@ -698,6 +698,13 @@ def fp8_grouped_gemm(config, device, tokens: int) -> dict:
     }  # fmt: skip
 
 
+def frozen_random(module) -> None:
+    """The MoE-block benches' weights: normal(0, 0.02), frozen (LoRA on attention leaves the experts frozen)."""
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, std=0.02)
+        parameter.requires_grad_(False)
+
+
 def fp8_block(config, device, tokens: int) -> dict:
     """One MoE experts block of the model's shape, frozen weights, fixed routing (the same experts for every path:
     no router whose near ties could flip), forward + backward to the input: bf16 and FP8 experts, each eager and
@@ -714,9 +721,7 @@ def fp8_block(config, device, tokens: int) -> dict:
     torch.manual_seed(0)
     with torch.device(device):
         reference = GptOssExperts(config).to(torch.float32)
-    for parameter in reference.parameters():
-        torch.nn.init.normal_(parameter, std=0.02)
-        parameter.requires_grad_(False)
+    frozen_random(reference)
     hidden = torch.randn(tokens, config.hidden_size, device=device)
     scores = torch.randn(tokens, config.num_local_experts, device=device)
     weights, indices = torch.topk(scores.softmax(-1), config.num_experts_per_tok, dim=-1)
@@ -770,9 +775,7 @@ def moe_block(config, device, tokens: int) -> dict:
     torch.manual_seed(0)
     with torch.device(device):
         block = GptOssMLP(config).to(torch.bfloat16)
-    for parameter in block.parameters():
-        torch.nn.init.normal_(parameter, std=0.02)
-        parameter.requires_grad_(False)
+    frozen_random(block)
     hidden = torch.randn(1, tokens, config.hidden_size, device=device, dtype=torch.bfloat16)
     probe = torch.randn_like(hidden)
 
