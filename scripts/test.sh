@@ -25,6 +25,15 @@ if [ -n "$need" ]; then
 fi
 # .venv: the toolkit with training, AWS and test tooling; .venv-serve: vLLM (CPU build here) for serving tests
 EXTRAS=train,aws,dev,eval WITH_SERVE=1 source scripts/env.sh
+# The builtin tiny models the tests load (pre-trained once per machine, cached: tiny_model.py, tiny_qwen3.py), built
+# in the background from here on: on a fresh machine their minutes of CPU overlap the next environments' downloads,
+# the checks and the demo (which waits for the plain one under the cache's lock), and no test's fixture builds one
+# against its 900 s limit beside the other worker's tests. Nothing to do where they are cached.
+"$VENV/bin/python" -c 'from toolkit_train.model import resolve_model_path
+from toolkit_train.settings import BUILTIN_MODELS, ModelSettings
+for model in BUILTIN_MODELS: resolve_model_path(ModelSettings(id=model))' > .tiny-models.log 2>&1 &
+tiny_models=$!
+trap 'pkill -P $tiny_models 2>/dev/null; kill $tiny_models 2>/dev/null || true' EXIT  # a failed check stops it
 # .venv-hyperpod: the HyperPod SDK's job models, to validate rendered manifests (its pins clash with .venv's).
 # Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
 hyperpod_spec="sagemaker-hyperpod==3.12.0"
@@ -57,5 +66,6 @@ if answers["ci95"][1] < 0:
 sys.exit("; ".join(problems) or None)
 CHECK
 fi
+wait "$tiny_models" || { cat .tiny-models.log; echo "error: building the tiny models failed (above)" >&2; exit 1; }
 # two workers, each module on one (its module fixtures made once): engine start-ups and waits overlap on a 2-core machine
 CI=${CI:-1} "$VENV/bin/pytest" -n 2 --dist loadfile --durations=40 "$@"
