@@ -637,11 +637,35 @@ def fp8_gate(config, device) -> dict:
     return out
 
 
+def median_ms(function, device: str, warmup: int = 3, repeats: int = 20) -> float:
+    """The median time of `function()` in ms over `repeats` calls, after `warmup` calls (compilation, autotuning):
+    on a GPU between two CUDA events around it, each call started with the queue drained (the GPU's time, launch
+    gaps included); on CPU the host clock. The one timing loop of the kernel and block benches (the MoE-block
+    results before 2026-12-06 were timed on the host clock with a synchronize each side: the same quantity)."""
+    for _ in range(warmup):
+        function()
+    times = []
+    for _ in range(repeats):
+        if device == "cpu":
+            start_s = time.perf_counter()
+            function()
+            times.append(1000 * (time.perf_counter() - start_s))
+            continue
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return round(sorted(times)[len(times) // 2], 3)
+
+
 def fp8_grouped_gemm(config, device, tokens: int) -> dict:
     """One expert GEMM of the model's shape alone (gate_up: tokens x top-k rows, hidden -> 2 x intermediate, rows
     spread unevenly over the experts): bf16 grouped GEMM against FP8 with row-wise scales, the rows' quantization
     included and alone; the FP8 kernel checked against its float32 emulation on the same FP8 values (must agree to
-    accumulation rounding) and against the bf16 product. Medians of CUDA-event timings."""
+    accumulation rounding) and against the bf16 product. Timed on a GPU (median_ms)."""
     from toolkit_train.fp8 import _emulated_grouped_mm, quantize_rows, quantized_copies, scaled_grouped_mm
     from transformers.integrations.moe import _grouped_mm
 
@@ -665,27 +689,16 @@ def fp8_grouped_gemm(config, device, tokens: int) -> dict:
     bf16 = _grouped_mm(rows, weight, offs=offsets).float()
     reference = exact if exact is not None else bf16
 
-    def median_ms(function) -> float:
-        if device == "cpu":  # --tiny: the checks above only
-            return float("nan")
-        for _ in range(3):
-            function()
-        times = []
-        for _ in range(20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            function()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        return round(sorted(times)[len(times) // 2], 3)
-
     flops = 2 * rows_n * hidden * out_width
-    bf16_ms = median_ms(lambda: _grouped_mm(rows, weight, offs=offsets))
-    fp8_ms = median_ms(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16))
-    fast_ms = median_ms(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16, fast_accum=True))
+
+    def timed(function) -> float:
+        return median_ms(function, device) if device != "cpu" else float("nan")  # --tiny: the checks above only
+
+    bf16_ms = timed(lambda: _grouped_mm(rows, weight, offs=offsets))
+    fp8_ms = timed(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16))
+    fast_ms = timed(lambda: scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16, fast_accum=True))
     fast = scaled_grouped_mm(q, b, s, scales, offsets, torch.bfloat16, fast_accum=True).float()
-    quantize_ms = median_ms(lambda: quantize(rows))
+    quantize_ms = timed(lambda: quantize(rows))
     return {
         "rows": rows_n, "experts": experts, "k": hidden, "n": out_width,
         "kernel_vs_emulation_rel": float((kernel - emulated).norm() / emulated.norm()),
@@ -709,7 +722,7 @@ def fp8_block(config, device, tokens: int) -> dict:
     """One MoE experts block of the model's shape, frozen weights, fixed routing (the same experts for every path:
     no router whose near ties could flip), forward + backward to the input: bf16 and FP8 experts, each eager and
     compiled (torch.compile of the block), against the block in fp32. Separates what FP8 and what the compiler
-    change from routing; times each (median of 20)."""
+    change from routing; times each on a GPU (median_ms)."""
     import copy
 
     from toolkit_train.fp8 import attach_fp8_experts
@@ -747,18 +760,8 @@ def fp8_block(config, device, tokens: int) -> dict:
         out, grad = run(module, torch.bfloat16)
         result[f"{label}_out_rel_err"] = float((out - want[0]).norm() / want[0].norm())
         result[f"{label}_grad_rel_err"] = float((grad - want[1]).norm() / want[1].norm())
-        if device == "cpu":
-            continue
-        for _ in range(3):
-            run(module, torch.bfloat16)
-        times = []
-        for _ in range(20):
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            run(module, torch.bfloat16)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        result[f"{label}_ms"] = round(1000 * sorted(times)[len(times) // 2], 2)
+        if device != "cpu":
+            result[f"{label}_ms"] = median_ms(lambda m=module: run(m, torch.bfloat16), device)
     if device != "cpu":
         result["speedup_compiled"] = round(result["bf16_compiled_ms"] / result["fp8_compiled_ms"], 2)
     return result
@@ -793,18 +796,7 @@ def moe_block(config, device, tokens: int) -> dict:
         out, grad = run(implementation)
         result[f"{implementation}_out_rel_err"] = float((out - reference[0]).norm() / reference[0].norm())
         result[f"{implementation}_grad_rel_err"] = float((grad - reference[1]).norm() / reference[1].norm())
-        for _ in range(3):  # warm-up (and compilation)
-            run(implementation)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        times = []
-        for _ in range(20):
-            start = time.perf_counter()
-            run(implementation)
-            if device != "cpu":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        result[f"{implementation}_ms"] = round(1000 * sorted(times)[len(times) // 2], 2)
+        result[f"{implementation}_ms"] = median_ms(lambda i=implementation: run(i), device)
     result["speedup"] = round(result["grouped_mm_ms"] / result["toolkit_fused_ms"], 2)
     return result
 
