@@ -33,7 +33,8 @@ EXTRAS=train,aws,dev,eval WITH_SERVE=1 source scripts/env.sh
 from toolkit_train.settings import BUILTIN_MODELS, ModelSettings
 for model in BUILTIN_MODELS: resolve_model_path(ModelSettings(id=model))' > .tiny-models.log 2>&1 &
 tiny_models=$!
-trap 'pkill -P $tiny_models 2>/dev/null; kill $tiny_models 2>/dev/null || true' EXIT  # a failed check stops it
+stop_tiny_models() { pkill -P "$tiny_models" 2>/dev/null || true; kill "$tiny_models" 2>/dev/null || true; }
+trap stop_tiny_models EXIT  # a failed check stops the build (each step may fail: the trap runs under set -e)
 # .venv-hyperpod: the HyperPod SDK's job models, to validate rendered manifests (its pins clash with .venv's).
 # Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
 hyperpod_spec="sagemaker-hyperpod==3.12.0"
