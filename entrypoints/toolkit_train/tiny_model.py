@@ -351,7 +351,8 @@ def _pretrain_steps(model, tokenizer, sequences: list, used, to_used, recipe: di
     # "any other token": a fresh model's starts at zero, a pre-trained one's (continued) where it was learned
     others = torch.ones(len(tokenizer), dtype=torch.bool)
     others[used] = False
-    start = model.lm_head.weight[others][0].detach().clone() if recipe.get("continued_from") else None
+    first_other = int(others.nonzero()[0])
+    start = model.lm_head.weight[first_other].detach().clone() if recipe.get("continued_from") else None
     unused_row = torch.nn.Parameter(start if start is not None else torch.zeros(model.config.hidden_size))
     log_unused = math.log(len(tokenizer) - len(used))  # the other tokens' share of the softmax, all on one row
     optimizer = torch.optim.AdamW([*model.parameters(), unused_row], lr=peak, weight_decay=0.0)
