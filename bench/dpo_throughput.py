@@ -37,6 +37,7 @@ import argparse
 import gc
 import itertools
 import json
+import math
 import random
 import statistics
 import sys
@@ -108,8 +109,12 @@ def plain_model(packed, config, device: str, dtype, experts: str):
     return model.to(dtype)
 
 
-def synthetic_pairs(tokenizer, n: int, prompt: int, reply: int, seed: int):
-    """Text pairs of whole-word tokens (" word": one token each, so the lengths land near the targets)."""
+def synthetic_pairs(tokenizer, n: int, prompt: int, reply: int, seed: int, sigma: float = 0.0):
+    """Text pairs of whole-word tokens (" word": one token each, so the lengths land near the targets).
+    `sigma` > 0: each prompt, chosen and rejected length is the target x exp(N(0, sigma)), clipped to [1/8, 1.5] x
+    the target (so prompt + reply stays under DPOConfig's max_length 1024 at the default targets): varied-length
+    pairs, where padding to a batch's longest costs the unpacked path. The lengths come from a generator of their
+    own, so sigma 0 draws exactly the words it drew before."""
     import datasets
 
     words = []
@@ -122,7 +127,16 @@ def synthetic_pairs(tokenizer, n: int, prompt: int, reply: int, seed: int):
     def sample(k: int) -> str:
         return "".join(rng.choice(words) for _ in range(k))
 
-    rows = [{"prompt": sample(prompt), "chosen": sample(reply), "rejected": sample(reply)} for _ in range(n)]
+    lengths = random.Random(seed + 1000)
+
+    def length(target: int) -> int:
+        if sigma <= 0:
+            return target
+        drawn = round(target * math.exp(lengths.gauss(0.0, sigma)))
+        return max(max(1, target // 8), min(int(target * 1.5), drawn))
+
+    rows = [{"prompt": sample(length(prompt)), "chosen": sample(length(reply)), "rejected": sample(length(reply))}
+            for _ in range(n)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
 
 
@@ -326,6 +340,9 @@ def summary(capture: Capture, steps: list[float], warmup: int) -> dict:
         out |= {"tokens_per_s": round(statistics.median(pair_rates), 1),
                 "processed_tokens_per_s": round(statistics.median(processed), 1),
                 "median_step_s": round(statistics.median(steps[i] for i in measured), 3),
+                # all measured steps' tokens over their summed time (with varied lengths steps differ in size)
+                "mean_tokens_per_s": round(sum(capture.tokens[i][0] for i in measured)
+                                           / sum(steps[i] for i in measured), 1),
                 "pair_tokens_per_step": capture.tokens[measured[0]][0]}  # fmt: skip
     if cuda():
         out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -342,7 +359,7 @@ def throughput(args, scratch: Path, device: str, deadline: float, results: dict,
     results["checkpoint_s"] = round(time.perf_counter() - started, 1)
     settings = toolkit_settings(checkpoint, args.batch, args.steps, fp32=False)
     tokenizer = load_tokenizer(settings.model)
-    text = synthetic_pairs(tokenizer, args.batch * args.steps, args.prompt, args.reply, seed=0)
+    text = synthetic_pairs(tokenizer, args.batch * args.steps, args.prompt, args.reply, seed=0, sigma=args.length_sigma)
     ids = None
     # each side gets half of what is left for its steps (TRL first: it tokenizes the pairs for both)
     for variant in args.variants:
@@ -416,6 +433,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200, help="prompt tokens (about)")
     parser.add_argument("--reply", type=int, default=400, help="chosen and rejected tokens each (about)")
     parser.add_argument("--gate-pairs", type=int, default=2)
+    parser.add_argument("--length-sigma", type=float, default=0.0,
+                        help="varied lengths: each the target x exp(N(0, sigma)), clipped (0: fixed)")  # fmt: skip
     parser.add_argument("--variants", default="trl,toolkit")
     parser.add_argument("--no-gate", action="store_true")
     parser.add_argument("--budget-s", type=float, default=470, help="stop measuring and write the JSON by then")
@@ -436,6 +455,7 @@ def main() -> None:
         "shape": f"{'tiny' if args.tiny else 'gpt-oss-' + args.size} ({args.layers or 'all'} layers), random weights",
         "pairs_per_step": args.batch,
         "target_lengths": {"prompt": args.prompt, "chosen": args.reply, "rejected": args.reply},
+        "length_sigma": args.length_sigma,
         "tokens_per_s_counts": "prompt + chosen + rejected tokens of a step's pairs (the prompt once); "
         "processed_tokens_per_s counts the prompt twice (chosen and rejected rows)",
         "lora": "r8 alpha16 q/k/v/o, dropout 0",
@@ -457,6 +477,9 @@ def main() -> None:
         u = results.get("toolkit-unpacked", {}).get("tokens_per_s")
         if u and b:  # the packing lever alone
             results["ratio_packed_over_unpacked"] = round(b / u, 3)
+            um, bm = (results.get(v, {}).get("mean_tokens_per_s") for v in ("toolkit-unpacked", "toolkit"))
+            if um and bm:
+                results["ratio_packed_over_unpacked_mean"] = round(bm / um, 3)
         g = results.get("gate", {})
         if "loss_rel_diff" in g:
             rows.append({"variant": "gate (2 layers fp32)", "tokens_per_s": f"loss rel {g['loss_rel_diff']:.2e}",
