@@ -20,16 +20,21 @@ venv_key() {
 # cached_venv KEY BUILD_FUNCTION : the path of the complete cache entry KEY, built first with BUILD_FUNCTION (called
 # with the entry's path) when there is none. One build at a time per entry (flock); progress goes to stderr.
 cached_venv() {
-  local entry="$TOOLKIT_VENV_CACHE/$1" build=$2
+  local entry="$TOOLKIT_VENV_CACHE/$1" build=$2 started=$SECONDS
   mkdir -p "$TOOLKIT_VENV_CACHE"
   (
-    flock 9
+    if ! flock -n 9; then  # another process builds it: say who, and wait for it (no silent wait)
+      echo "waiting for $(cat "$entry.owner" 2>/dev/null || echo "another process") to finish building $entry" >&2
+      flock 9
+    fi
     if [ ! -f "$entry/.complete" ]; then
-      echo "building the environment $entry (once per machine)" >&2
+      echo "pid $BASHPID (${0##*/}), since $(date +%H:%M:%S)" > "$entry.owner"
+      echo "building the environment $entry (once per machine; a few minutes: each package is named below)" >&2
       rm -rf "$entry"
       python3 -m venv "$entry"
       "$build" "$entry" >&2
       touch "$entry/.complete"
+      echo "built $entry in $((SECONDS - started)) s" >&2
     fi
   ) 9>"$entry.lock"
   echo "$entry"
@@ -62,7 +67,13 @@ layer_venv() {
   fi
 }
 
-_pip() { "$1/bin/python" -m pip install -q --disable-pip-version-check "${@:2}"; }
+# pip install into $1, naming each package it collects and what it installed (a fresh machine's builds take minutes:
+# no silent wait); its whole output in $1.pip.log
+_pip() {
+  "$1/bin/python" -m pip install --disable-pip-version-check --progress-bar off "${@:2}" 2>&1 | tee "$1.pip.log" \
+    | { grep --line-buffered -E '^(Collecting|Successfully installed|ERROR)' || true; } | sed -u "s|^|  ${1##*/}: |" >&2
+  return "${PIPESTATUS[0]}"
+}
 _lock=(-c entrypoints/toolkit_train/requirements.txt -c entrypoints/toolkit_train/requirements-mlflow.txt)
 
 build_toolkit_venv() {
@@ -71,6 +82,16 @@ build_toolkit_venv() {
   # tested ships. Only the dependencies stay in the cache; the toolkit itself is installed from the checkout below.
   _pip "$1" -e ".[${EXTRAS:-train}]" "${_lock[@]}"
   "$1/bin/python" -m pip uninstall -y -q toolkit
+}
+# The README's other install: the toolkit alone (`pip install .`, no extras) in an environment of its own, its few
+# dependencies cached like the others; tests/test_newcomer.py runs the README's commands there too (SLIM_VENV=DIR).
+build_slim_venv() {
+  # shellcheck disable=SC2046  # the dependencies, one requirement each
+  _pip "$1" "setuptools>=68" wheel $(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+}
+make_slim_venv() {
+  layer_venv "$1" "$(cached_venv "$(venv_key slim <(_deps_of_pyproject))" build_slim_venv)"
+  _pip "$1" --no-deps --no-build-isolation --force-reinstall .  # this checkout, as a wheel (not editable)
 }
 _deps_of_pyproject() {
   python3 -c 'import json, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]

@@ -40,6 +40,8 @@ trap stop_tiny_models EXIT  # a failed check stops the build (each step may fail
 hyperpod_spec="sagemaker-hyperpod==3.12.0"
 build_hyperpod_venv() { _pip "$1" pydantic && _pip "$1" --no-deps "$hyperpod_spec"; }
 link_venv .venv-hyperpod "$(cached_venv "$(venv_key hyperpod <(echo "$hyperpod_spec"))" build_hyperpod_venv)"
+# .venv-slim: the README's `pip install .` (no extras), where tests/test_newcomer.py runs what it must run or refuse
+make_slim_venv .venv-slim
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"

@@ -29,8 +29,13 @@ _EXPORTS = {
     "endpoints": "toolkit.sdk",
     "serve_local": "toolkit.sdk",
     "serve_local_until_stopped": "toolkit.sdk",
+    "render_serve_local": "toolkit.sdk",
     "chat_client": "toolkit.sdk",
     "register": "toolkit.sdk",
+    "infra_plan": "toolkit.sdk",
+    "infra_apply": "toolkit.sdk",
+    "infra_outputs": "toolkit.sdk",
+    "infra_destroy": "toolkit.sdk",
 }
 __all__ = list(_EXPORTS)
 

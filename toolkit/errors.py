@@ -65,6 +65,55 @@ def brief(value: object, limit: int = SHOWN_VALUE_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text)} characters)"
 
 
+# The optional parts of the toolkit (pyproject.toml's extras): `pip install .` gives the config, `plan --offline` and
+# the local dry runs; `train` adds training and `data prepare`, `eval` the scorers, `aws` every AWS verb. A command
+# that reaches a missing one ends in one line naming the extra (exit 2): classify maps the ModuleNotFoundError, and a
+# target that needs an extra says so before anything runs (`require_extra`). The top-level import name of each
+# extra's distributions; tests/toolkit/test_extras.py ties it to pyproject.toml through the installed metadata.
+EXTRA_OF_MODULE = {
+    "boto3": "aws", "botocore": "aws", "sagemaker": "aws", "kubernetes": "aws",
+    "torch": "train", "transformers": "train", "peft": "train", "trl": "train", "datasets": "train",
+    "accelerate": "train", "openai_harmony": "train", "jsonschema": "train", "tiktoken": "train",
+    "rouge_score": "eval", "sacrebleu": "eval", "lingua": "eval", "matplotlib": "eval", "lm_eval": "eval",
+}  # fmt: skip
+WHAT_EXTRA_GIVES = {
+    "aws": "the AWS verbs (training jobs, HyperPod, endpoints, the registry, infra, images)",
+    "train": "training and data preparation",
+    "eval": "`toolkit eval`'s scorers",
+}
+
+
+class MissingExtra(BadInput):
+    """An optional dependency of the toolkit is not installed: the message names the extra to install."""
+
+
+def _missing_extra_line(needed_for: str, extra: str, module: str) -> str:
+    return (
+        f"{needed_for}: the toolkit's `{extra}` extra is not installed (no {module}): run "
+        f"pip install '.[{extra}]' in the toolkit's checkout, or use the .venv that `bash scripts/demo.sh` builds "
+        "(every extra)"
+    )
+
+
+def missing_extra(exc: BaseException) -> MissingExtra | None:
+    """The one line for an ImportError of a module an extra provides; None for any other (a bug keeps its
+    traceback)."""
+    name = getattr(exc, "name", None) or ""
+    extra = EXTRA_OF_MODULE.get(name.split(".")[0])
+    if not isinstance(exc, ImportError) or extra is None:
+        return None
+    return MissingExtra(_missing_extra_line(WHAT_EXTRA_GIVES[extra], extra, name))
+
+
+def require_extra(extra: str, needed_for: str) -> None:
+    """MissingExtra unless every module of `extra` is installed: called before anything runs or is read."""
+    import importlib.util
+
+    for module, of in EXTRA_OF_MODULE.items():
+        if of == extra and importlib.util.find_spec(module) is None:
+            raise MissingExtra(_missing_extra_line(needed_for, extra, module))
+
+
 # AWS error codes that a lookup by name gets when the name names nothing. SageMaker answers a missing model,
 # endpoint (config) or training job with ValidationException and CloudFormation a missing stack with
 # ValidationError (their only input is the name); `toolkit.aws.is_missing` reads this table, nothing reads text.
@@ -96,6 +145,9 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
         return INTERRUPTED, "interrupted"
     if isinstance(exc, DataError):
         return BAD_INPUT, str(exc)
+    missing = missing_extra(exc)
+    if missing is not None:
+        return BAD_INPUT, str(missing)
     kind = next((base for base in type(exc).__mro__ if base in (BadInput, Failed)), None)
     if kind is not None:  # the first of the two in the class's bases decides: DeployInputError(BadInput, DeployError)
         return (BAD_INPUT if kind is BadInput else FAILED), str(exc)

@@ -29,7 +29,7 @@ from toolkit.deploy.client import (
 from toolkit.errors import BadInput
 from toolkit.infra import ExportRole
 from toolkit.limits import parse_price_overrides
-from toolkit.targets.base import Job, JobDetached, JobInterrupted, Run, get_target
+from toolkit.targets.base import Job, JobDetached, JobInterrupted, Run, Target, get_target
 
 # The chat vocabulary (a reply, the messages of a question, what is wrong with a reply, waiting for a server) and
 # the stack's export role are part of the SDK: the CLI and CI scripts use them from here, never from below.
@@ -86,6 +86,14 @@ def _as_config(config: Config | str | Path, overrides: Sequence[str] = (), targe
     if target is not None and target != cfg.target:  # re-validate: targets have rules of their own
         cfg = validate({**cfg.model_dump(), "target": target}, f"{cfg.name} with target {target}")
     return cfg
+
+
+def _target(cfg: Config, name: str | None = None) -> Target:
+    """The target a command runs on (default: the config's), once the extras it needs are known to be installed."""
+    chosen = get_target(name or cfg.target)
+    for extra in chosen.extras:
+        errors.require_extra(extra, f"target {name or cfg.target}")
+    return chosen
 
 
 def prepare_data(
@@ -202,10 +210,10 @@ def train(
     from toolkit_train import prepared
 
     cfg = _as_config(config, overrides, target)
+    chosen = _target(cfg)
     require_trainable(cfg)
     if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
         prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
-    chosen = get_target(cfg.target)
     if preflight:
         chosen.preflight(cfg, on_note)
     return chosen.submit(cfg, fresh=fresh)
@@ -232,8 +240,9 @@ def plan(
 def render_train(config: Config | str | Path, target: str | None = None, overrides: Sequence[str] = ()) -> str:
     """What `train` would submit (the dry run): nothing is created or launched."""
     cfg = _as_config(config, overrides, target)
+    chosen = _target(cfg)
     require_trainable(cfg)
-    return get_target(cfg.target).render(cfg)
+    return chosen.render(cfg)
 
 
 def _image(cfg: Config, image_uri: str | None, on_progress=None, dry_run: bool = False) -> str:
@@ -262,7 +271,7 @@ def job(config: Config | str | Path, name: str, target: str | None = None, overr
     Raises `TargetError` ("no such job") when the target does not know it.
     """
     cfg = _as_config(config, overrides)
-    return get_target(target or cfg.target).attach(cfg, name)
+    return _target(cfg, target).attach(cfg, name)
 
 
 def job_status(config: Config | str | Path, name: str, target: str | None = None) -> Run:
@@ -275,7 +284,7 @@ def list_jobs(config: Config | str | Path, target: str | None = None) -> list[Jo
     from toolkit.targets.base import TargetError
 
     cfg = _as_config(config)
-    chosen = get_target(target or cfg.target)
+    chosen = _target(cfg, target)
     if not hasattr(chosen, "list"):
         raise TargetError(f"target {chosen.name} keeps no job list; its jobs are directories (local.output_dir)")
     return [JobSummary(job["TrainingJobName"], job["TrainingJobStatus"], _iso(job["CreationTime"]))
@@ -392,7 +401,7 @@ def deploy(
         assert rendering is not None
         (on_status or (lambda _: None))("checking that the endpoint renders prompts as training did")
         client = chat_client(cfg)
-        parity.check(client.send, client.model, *rendering)
+        parity.check(client.send, client.model, *rendering, date=cfg.data.conversation_date)
 
     check = verify if rendering is not None else None
     if model_package is not None:
@@ -647,7 +656,7 @@ def _drift(cfg: Config, rendering: tuple[Any, Any], url: str | None, target: str
     from toolkit.deploy.parity import drift
 
     client = chat_client(cfg, target, url)
-    return drift(client.send, client.model, *rendering)
+    return drift(client.send, client.model, *rendering, date=cfg.data.conversation_date)
 
 
 def serve_local_until_stopped(
@@ -673,3 +682,17 @@ def serve_local_until_stopped(
     server = LocalServer(cfg, local_model_dir(cfg, model_dir), port)
     drift = None if rendering is None else lambda url: _drift(cfg, rendering, url)
     server.serve(drift, phase or quietly, on_note, on_serving)
+
+
+def _bind_on_the_package() -> None:
+    """`toolkit.deploy` names both this module's deploy() and the sub-package toolkit/deploy/, which Python sets on
+    `toolkit` once it is imported (above, through toolkit.deploy.client): the SDK's names win there, so
+    `import toolkit; toolkit.deploy("my-job.yaml")` calls the function, as the README shows."""
+    import toolkit
+
+    for name in toolkit.__all__:
+        if name in globals():
+            setattr(toolkit, name, globals()[name])
+
+
+_bind_on_the_package()

@@ -175,6 +175,15 @@ def normalize(row: dict[str, Any], messages: list[Any], default_effort: str, com
     return {"messages": clean, "tools": tools, "effort": effort}
 
 
+def conversation_date(date: str | datetime.date | None = None) -> str:
+    """The `Current date:` of the system message: the given one (data.conversation_date), else today's, as vLLM
+    renders it unless VLLM_SYSTEM_START_DATE pins it (toolkit.deploy.vllm_environment sets it from the same
+    setting)."""
+    if date is None:
+        return datetime.date.today().isoformat()
+    return date if isinstance(date, str) else date.isoformat()
+
+
 def _harmony_messages(conversation: dict[str, Any], date: str) -> list:
     """Harmony messages as vLLM builds them for this chat request (the preamble, then each chat message's)."""
     h = _h()
@@ -275,8 +284,7 @@ def legacy_tool_call_header(tokens: list[int]) -> list[int]:
 def examples(conversation: dict[str, Any], date: str | None = None) -> list[Example]:
     """One example per assistant turn (a turn ends with a final answer): its prompt as inference renders it (the
     analysis of earlier turns dropped), its own messages trained, the last ending in <|return|>."""
-    date = date or datetime.date.today().isoformat()
-    messages = _harmony_messages(conversation, date)
+    messages = _harmony_messages(conversation, conversation_date(date))
     finals = [i for i, m in enumerate(messages) if _is_final(m)]
     out = []
     previous = -1
@@ -297,7 +305,7 @@ def examples(conversation: dict[str, Any], date: str | None = None) -> list[Exam
 
 def prompt_ids(conversation: dict[str, Any], date: str | None = None) -> list[int]:
     """The prompt for the next assistant turn after the conversation (as vLLM renders it for the request)."""
-    messages = _harmony_messages(conversation, date or datetime.date.today().isoformat())
+    messages = _harmony_messages(conversation, conversation_date(date))
     finals = [i for i, m in enumerate(messages) if _is_final(m)]
     last = finals[-1] if finals else -1
     kept = [m for i, m in enumerate(messages) if not (i < last and m.channel == "analysis")]

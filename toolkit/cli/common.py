@@ -13,7 +13,6 @@ import json
 import sys
 from typing import Annotated, Literal, NoReturn
 
-import click
 import typer
 import typer.core
 from rich.console import Console
@@ -136,7 +135,7 @@ class Commands(typer.core.TyperGroup):
 
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+        except (typer.Exit, typer.Abort, typer.TyperException):  # typer's own (its click is vendored)
             raise
         except (Exception, KeyboardInterrupt) as exc:
             known = classify(exc)

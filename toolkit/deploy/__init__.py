@@ -35,6 +35,8 @@ def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
         "SM_VLLM_MAX_MODEL_LEN": str(serving.max_model_len),
         "SM_VLLM_MAX_NUM_SEQS": str(serving.max_num_seqs),
     }
+    if config.data.conversation_date is not None:  # harmony's `Current date:` as training rendered it
+        env["VLLM_SYSTEM_START_DATE"] = config.data.conversation_date.isoformat()
     if gpu:
         env["SM_VLLM_TENSOR_PARALLEL_SIZE"] = str(serving.tensor_parallel_size)
         env["SM_VLLM_GPU_MEMORY_UTILIZATION"] = str(serving.gpu_memory_utilization)

@@ -11,6 +11,7 @@ differs (another template, `--chat-template`, template kwargs such as Qwen3's `e
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -141,22 +142,28 @@ def request(row: dict, upto: int) -> dict:
 
 
 def drift(
-    send: Callable[[dict], dict], model: str, chat_format: ChatFormat | None = None, tokenizer: Any = None
+    send: Callable[[dict], dict],
+    model: str,
+    chat_format: ChatFormat | None = None,
+    tokenizer: Any = None,
+    date: datetime.date | None = None,
 ) -> list[str]:
     """One line per request of the corpus whose served prompt differs from training's; [] when none does.
     `chat_format`: the model family's (harmony when not given); `tokenizer`: the one training renders a chat
-    template with (harmony needs none)."""
+    template with (harmony needs none); `date`: data.conversation_date (harmony's `Current date:`; today's when
+    None, as the server's unless it was pinned)."""
     from toolkit_train import harmony
     from toolkit_train.formats import HARMONY
 
     chat_format = chat_format or HARMONY
+    today = harmony.conversation_date(date)
     problems = []
     for name, row in corpus(chat_format).items():
         conversation = harmony.normalize(row, row["messages"], "medium")
-        examples = chat_format.examples(conversation, tokenizer)
+        examples = chat_format.examples(conversation, tokenizer, today)
         for upto in generation_points(row["messages"]):
             partial = harmony.normalize(row, row["messages"][:upto], "medium", complete=False)
-            expected = chat_format.prompt_ids(partial, tokenizer)
+            expected = chat_format.prompt_ids(partial, tokenizer, today)
             turn = sum(
                 bool(m["role"] == "assistant" and m.get("content") and not m.get("tool_calls"))
                 for m in row["messages"][:upto]
@@ -189,11 +196,15 @@ def _first_difference(served: list[int], trained: list[int], tokenizer: Any = No
 
 
 def check(
-    send: Callable[[dict], dict], model: str, chat_format: ChatFormat | None = None, tokenizer: Any = None
+    send: Callable[[dict], dict],
+    model: str,
+    chat_format: ChatFormat | None = None,
+    tokenizer: Any = None,
+    date: datetime.date | None = None,
 ) -> None:
     """PromptDrift (one line: the first differing feature and token, and how many requests differ) unless the
     served prompts are the trained prompts for the whole corpus."""
-    problems = drift(send, model, chat_format, tokenizer)
+    problems = drift(send, model, chat_format, tokenizer, date)
     if problems:
         more = f" (and {len(problems) - 1} more of the corpus's requests)" if len(problems) > 1 else ""
         raise PromptDrift(f"the served prompt is not the trained prompt: {problems[0]}{more}")

@@ -189,6 +189,8 @@ class Target(ABC):
     """Where jobs run: renders, submits and finds jobs."""
 
     name: str
+    # the toolkit's extras (pyproject.toml) its render and submit need: checked before anything is read or run
+    extras: tuple[str, ...] = ()
 
     @abstractmethod
     def render(self, config: Config) -> str:

@@ -43,6 +43,7 @@ def stage(config: Config, root: Path, fresh: bool) -> None:
 
 class HyperPodTarget(Target):
     name = "hyperpod"
+    extras = ("aws",)
 
     def _delegate(self, config: Config) -> Target:
         return importlib.import_module(ORCHESTRATORS[config.hyperpod.orchestrator]).ORCHESTRATOR

@@ -167,6 +167,7 @@ def _record(config: Config, state: Run) -> None:
 
 class TrainingJobTarget(Target):
     name = "training-job"
+    extras = ("aws",)
 
     def render(self, config: Config) -> str:
         """The CreateTrainingJob request, rendered offline: no AWS call, no credentials, nothing uploaded. Values
