@@ -140,12 +140,19 @@ def read_json_rows(source: str | Path, files: list[Path]) -> Rows:
     rows = Rows()
     rows.places = []
     for file in files:
-        raw = file.read_bytes()
+        try:
+            raw = file.read_bytes()
+        except OSError as exc:
+            raise DataError(f"{file}: cannot read it ({exc.strerror}); check its permissions") from None
         if file.suffix == ".json" and raw.lstrip()[:1] == b"[":  # one JSON array of rows
             try:
                 items = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise DataError(f"{file}: not a valid JSON file ({exc})") from None
+            except RecursionError:
+                raise DataError(
+                    f"{file}: nested too deeply to be rows of JSON (arrays or objects inside each other)"
+                ) from None
             lines = [(f"item {i}", item) for i, item in enumerate(items)]
         else:
             lines = [(f"line {n}", line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
@@ -165,6 +172,8 @@ def _parse_row(item: Any, where: str) -> dict:
             return {UNREADABLE: f"{where}: not UTF-8 text (byte {exc.start}); re-save the file as UTF-8"}
         except json.JSONDecodeError as exc:
             return {UNREADABLE: f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"}
+        except RecursionError:
+            return {UNREADABLE: f"{where}: nested too deeply to be a row (arrays or objects inside each other)"}
     if not isinstance(item, dict):
         return {UNREADABLE: f"{where}: a row must be a JSON object, not {type(item).__name__}"}
     return item
@@ -205,7 +214,56 @@ def to_conversation(row: dict[str, Any], fmt: str, default_effort: str = "medium
     preference row as {chosen, rejected}, each the prompt followed by that reply."""
     if fmt == "preference":
         return to_pair(row, default_effort)
-    return harmony.normalize(row, to_messages(row, fmt), default_effort)
+    messages = to_messages(row, fmt)
+    _tool_schemas(row)
+    _field_types(messages)
+    return _no_blank_answer(harmony.normalize(row, messages, default_effort))
+
+
+def _field_types(messages: list[Any]) -> None:
+    """Fields harmony.normalize compares or looks up before it checks their type: ValueError naming the message."""
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        if "tool_call_id" in message and not isinstance(message["tool_call_id"], str):
+            raise ValueError(f"messages[{i}].tool_call_id must be a string (the id of the call it answers)")
+        calls = message.get("tool_calls")
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and not isinstance(function.get("name"), str):
+                raise ValueError(f"messages[{i}].tool_calls[{j}].function.name must be a string (a declared tool)")
+
+
+def _tool_schemas(row: dict[str, Any]) -> None:
+    """Each declared tool's `parameters` is a JSON schema a call's arguments can be checked against: a schema that is
+    none (`{"type": 0}`) is the row's fault, a ValueError naming the tool, not a crash of the validator."""
+    tools = row.get("tools")
+    if not isinstance(tools, list):
+        return  # harmony.tool_names says what is wrong with it
+    try:
+        import jsonschema
+    except ImportError:  # the training image may lack it: harmony then checks the required keys alone
+        return
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        if not isinstance(parameters, dict):
+            continue
+        try:
+            jsonschema.Draft202012Validator.check_schema(parameters)
+        except jsonschema.exceptions.SchemaError as exc:
+            where = "".join(f"[{p!r}]" for p in exc.absolute_path)
+            raise ValueError(f"tools[{i}].function.parameters{where} is not a JSON schema: {exc.message}") from None
+
+
+def _no_blank_answer(conversation: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message whose content is only whitespace would train the model to answer with nothing: refused
+    (an empty content beside tool calls or reasoning is no answer, and fine)."""
+    for i, message in enumerate(conversation["messages"]):
+        content = message.get("content")
+        if message["role"] == "assistant" and isinstance(content, str) and content and not content.strip():
+            raise ValueError(f"messages[{i}]: the assistant's content is only whitespace; write the answer")
+    return conversation
 
 
 def to_pair(row: dict[str, Any], default_effort: str = "medium") -> dict[str, Any]:
@@ -213,9 +271,13 @@ def to_pair(row: dict[str, Any], default_effort: str = "medium") -> dict[str, An
     `rejected`, each the assistant's reply (a string, or {content, reasoning}); each whole conversation is checked
     as a training row is."""
     prompt = to_messages(row, "messages")
+    _tool_schemas(row)
+    _field_types(prompt)
     if isinstance(prompt[-1], dict) and prompt[-1].get("role") == "assistant":
         raise ValueError("messages: the prompt ends with the user's (or a tool's) message; the replies go in "
                          "'chosen' and 'rejected'")  # fmt: skip
+    if not any(isinstance(message, dict) and message.get("role") == "user" for message in prompt):
+        raise ValueError("messages: the prompt has no user message; a pair's replies answer a user's request: add it")
     pair = {}
     for key in ("chosen", "rejected"):
         reply = {"content": row.get(key)} if isinstance(row.get(key), str) else row.get(key)
@@ -223,7 +285,7 @@ def to_pair(row: dict[str, Any], default_effort: str = "medium") -> dict[str, An
             raise ValueError(f"field {key!r} must be the assistant's reply: a string, or {{content, reasoning}}")
         message = {"role": "assistant", **{k: v for k, v in reply.items() if k in ("content", "reasoning")}}
         try:
-            pair[key] = harmony.normalize(row, [*prompt, message], default_effort)
+            pair[key] = _no_blank_answer(harmony.normalize(row, [*prompt, message], default_effort))
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
     if pair["chosen"]["messages"][-1] == pair["rejected"]["messages"][-1]:

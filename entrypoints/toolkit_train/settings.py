@@ -73,9 +73,11 @@ def cache_root() -> Path:
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors: a typo like `lora.rnak` must fail before anything is launched."""
+    """Unknown keys are errors: a typo like `lora.rnak` must fail before anything is launched. Every number is finite:
+    `.inf` or `.nan` passes a range check written with `gt`/`lt` (nan compares false) and would reach the trainer or a
+    request; refused for every float field of every section at once, never field by field."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 EXPLICIT_PATH = ("/", "./", "../", "~")  # a model or data source spelled so is a local path, never a hub id

@@ -200,7 +200,7 @@ def test_a_value_a_cluster_refuses_is_refused_through_the_cli_in_one_line_with_e
     result = _validate("tiny-gpt-oss-local", *[a for s in sets for a in ("--set", s)])
     output = result.stdout + result.stderr
     assert result.returncode == 2 and "Traceback" not in output, output
-    named = [line for line in output.splitlines() if line.strip().startswith(f"{path}: ")]
+    named = [line for line in output.splitlines() if f": {path}: " in line]  # error: preset NAME: path: ...
     assert len(named) == 1 and f"({MEMBERS[path].operation} {MEMBERS[path].path})" in named[0], output
 
 

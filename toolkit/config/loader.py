@@ -39,8 +39,16 @@ class _DuplicateKey(yaml.YAMLError):
         self.key, self.first, self.second = key, first, second
 
 
+class _UnnamedKey(yaml.MarkedYAMLError):
+    """A mapping key that is a list or a mapping (`{[a]: 1}`): no setting is named so, and Python cannot hold it."""
+
+    def __init__(self, kind: str, mark: yaml.Mark) -> None:
+        super().__init__(problem=f"a mapping key is a {kind}; keys are names (text)", problem_mark=mark)
+
+
 class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """The safe loader, refusing duplicate keys (a second `training:` section would replace the first)."""
+    """The safe loader, refusing duplicate keys (a second `training:` section would replace the first) and keys that
+    are lists or mappings (with their line and column, not a TypeError)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         lines: dict[object, int] = {}
@@ -48,6 +56,8 @@ class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignor
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges; the mapping's own keys win
                 continue
             key = self.construct_object(key_node, deep=True)
+            if isinstance(key, list | dict | set):
+                raise _UnnamedKey({list: "list", dict: "mapping", set: "set"}[type(key)], key_node.start_mark)
             line = key_node.start_mark.line + 1
             if isinstance(key, str | int | float | bool) and key in lines:
                 raise _DuplicateKey(key, lines[key], line)
@@ -68,15 +78,55 @@ def _presets() -> Any:
 
 
 def read_source(source: str | Path) -> tuple[str, str]:
-    """Return (label, YAML text) for a file path or a preset name."""
+    """Return (label, YAML text) for a file path or a preset name. A file must be UTF-8 text (a UTF-8 byte-order mark
+    is allowed); anything else is one ConfigError naming the file and where."""
     path = Path(source)
     if path.is_file():
-        return str(path), path.read_text()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read it ({exc.strerror}); check its permissions") from None
+        return str(path), decode(str(path), data)
     if str(source) in preset_names():
-        return f"preset {source}", (_presets() / f"{source}.yaml").read_text()
+        return f"preset {source}", (_presets() / f"{source}.yaml").read_text(encoding="utf-8")
+    if path.exists():
+        raise ConfigError(f"{source}: not a regular file (a directory, pipe or device); name a YAML file")
     if path.suffix in (".yaml", ".yml") or os.sep in str(source):
         raise ConfigError(f"{source}: no such file")
-    raise ConfigError(f"{source}: neither a file nor a preset; presets: {', '.join(preset_names())}")
+    import difflib
+
+    close = difflib.get_close_matches(str(source), preset_names(), n=1, cutoff=0.8)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ConfigError(f"{source}: neither a file nor a preset; {hint}presets: {', '.join(preset_names())}")
+
+
+# Byte-order marks of the encodings a YAML file may be saved in other than UTF-8 (UTF-32's first: it starts like UTF-16)
+_OTHER_BOMS = {
+    b"\x00\x00\xfe\xff": "UTF-32",
+    b"\xff\xfe\x00\x00": "UTF-32",
+    b"\xfe\xff": "UTF-16",
+    b"\xff\xfe": "UTF-16",
+}
+
+
+def decode(label: str, data: bytes) -> str:
+    """A config file's text: UTF-8 (its byte-order mark dropped). Another encoding is refused with the place of the
+    first byte that is not UTF-8 (line, column), not a UnicodeDecodeError."""
+    for bom, encoding in _OTHER_BOMS.items():
+        if data.startswith(bom):
+            raise ConfigError(
+                f"{label}: saved as {encoding} (its byte-order mark starts the file); re-save it as UTF-8"
+            )
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        column = len(before.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")) + 1
+        raise ConfigError(
+            f"{label}: not UTF-8 text: byte 0x{data[exc.start]:02x} at line {line}, column {column} (Latin-1 or "
+            "another encoding?); re-save the file as UTF-8"
+        ) from None
 
 
 def load_config(source: str | Path, overrides: Sequence[str] = (), env: dict[str, str] | None = None) -> Config:
@@ -96,16 +146,65 @@ def validate(raw: dict, label: str) -> Config:
         raise ConfigError(_format_errors(label, exc)) from None
 
 
-def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) -> tuple[str, dict]:
-    label, text = read_source(source)
+def parse_yaml(text: str, label: str) -> Any:
+    """YAML text as Python values; every failure is one ConfigError starting with `label` and saying where (line,
+    column) and what (a tab, a character YAML refuses, a key written twice, a list as a key, nesting too deep)."""
     try:
-        raw = yaml.load(text, Loader=_YamlLoader)
+        return yaml.load(text, Loader=_YamlLoader)
     except _DuplicateKey as exc:
         raise ConfigError(f"{label}: {exc}; keep one (the second would silently replace the first)") from None
+    except _UnnamedKey as exc:
+        place = f"line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}: " if exc.problem_mark else ""
+        raise ConfigError(f"{label}: {place}{exc.problem}") from None
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise ConfigError(f"{label}: YAML syntax error at {where}: {exc.problem}") from None
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "not YAML"
+        if mark and _tab_near(text, mark.line, mark.column):
+            problem = "a tab character; YAML indents with spaces only: replace the tab with spaces"
+        raise ConfigError(f"{label}: YAML syntax error{where}: {problem}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (a NUL of UTF-16, a control character)
+        line, column = _place(text, exc.position)
+        character = f"U+{exc.character:04X}" if isinstance(exc.character, int) else repr(exc.character)
+        raise ConfigError(
+            f"{label}: character {character} at line {line}, column {column} is not allowed in YAML (a binary file, "
+            "or one saved as UTF-16?); save the file as UTF-8 text"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"{label}: not YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"{label}: nested too deeply to be a config (YAML lists or mappings inside each other)"
+        ) from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a tag's constructor: `!!timestamp x`
+        tagged = next((n for n, line in enumerate(text.splitlines(), 1) if "!!" in line or " !" in line), None)
+        where = f" (line {tagged})" if tagged else ""
+        raise ConfigError(
+            f"{label}: a tagged value{where} that YAML cannot read ({type(exc).__name__}: {brief(str(exc))}); remove "
+            "the tag (e.g. !!timestamp, !!int) or write a value of its kind"
+        ) from None
+
+
+def _tab_near(text: str, line: int, column: int) -> bool:
+    """Whether the YAML error at (line, column) is a tab's: the character there, or a tab in that line's indentation."""
+    lines = text.splitlines()
+    if not 0 <= line < len(lines):
+        return False
+    current = lines[line]
+    indentation = current[: len(current) - len(current.lstrip(" \t"))]
+    return "\t" in indentation or current[column : column + 1] == "\t"
+
+
+def _place(text: str, position: int) -> tuple[int, int]:
+    before = text[:position]
+    return before.count("\n") + 1, position - (before.rfind("\n") + 1) + 1
+
+
+def _load_raw(source: str | Path, env: dict[str, str], seen: tuple[str, ...]) -> tuple[str, dict]:
+    label, text = read_source(source)
+    raw = parse_yaml(text, label)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -179,22 +278,36 @@ def _deep_merge(base: dict, top: dict) -> dict:
 def _apply_override(raw: dict, item: str) -> None:
     dotted, sep, text = item.partition("=")
     if not sep or not dotted:
-        raise ConfigError(f"--set {item!r}: write it as section.field=value, e.g. lora.r=16")
+        raise ConfigError(f"--set {brief(item)}: write it as section.field=value, e.g. lora.r=16")
+    if any(not part.strip() for part in dotted.split(".")):
+        raise ConfigError(f"--set {brief(item)}: {brief(dotted)} has an empty name; write section.field=value")
+    if dotted.split(".")[0] == "base":
+        raise ConfigError(
+            f"--set {brief(item)}: base is read when the file is loaded, before --set applies: write base: in the "
+            "file, or give the base itself as the CONFIG argument and --set what differs"
+        )
     try:
         value = yaml.load(text, Loader=_YamlLoader)
     except _DuplicateKey as exc:
         raise ConfigError(f"--set {brief(item)}: {exc.args[0].split(' (')[0]}; keep one") from None
-    except yaml.YAMLError:
-        value = text
+    except _UnnamedKey as exc:
+        column = exc.problem_mark.column + 1 if exc.problem_mark else 0
+        raise ConfigError(f"--set {brief(item)}: at column {column} of the value, {exc.problem}") from None
+    except RecursionError:
+        raise ConfigError(f"--set {brief(item)}: the value is nested too deeply") from None
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError, OverflowError):  # not YAML, or a tag (!!int x)
+        value = text  # that cannot be read: the text as typed, which the field's check then judges
     written_null = value is None and text.strip() != ""  # null or ~: unset (an optional field), as in a YAML file
     if _is_text_field(dotted.split(".")) and not written_null and not isinstance(value, str | list | dict):
         value = text  # a string field keeps what was typed: 007 stays "007", 2024-01-01 is not a date
     *parents, leaf = dotted.split(".")
     node = raw
     for part in parents:
-        child = node.setdefault(part, {})
+        child = node.get(part)
+        if child is None:  # absent, or written empty (`lora:`)
+            child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {item!r}: {part} is not a section")
+            raise ConfigError(f"--set {brief(item)}: {part} is not a section (it holds {brief(child)})")
         node = child
     node[leaf] = value
 
@@ -240,17 +353,22 @@ def _refuse_secrets(node: Any, label: str, path: str = "") -> None:
 
 
 def _format_errors(label: str, exc: ValidationError) -> str:
-    lines = [f"{label}: {exc.error_count()} problem(s):"]
+    """One line per problem: `label: problem` where there is one, else a count and one indented line each."""
+    problems = []
     for error in exc.errors():
         loc = [str(part) for part in error["loc"]]
         path = _dotted(loc) or "(top level)"
         if error["type"] == "extra_forbidden":
-            lines.append(f"  {path}: unknown key{_suggest(loc)}")
+            problems.append(f"{path}: unknown key{_suggest(loc)}")
         elif error["type"] == "missing":
-            lines.append(f"  {path}: required; add it to the file or pass --set {path}=...")
+            problems.append(f"{path}: required; add it to the file or pass --set {path}=...")
+        elif error["type"] == "finite_number":
+            problems.append(f"{path}: {brief(error.get('input'))} is not a finite number; write a number")
         else:
-            lines.append(f"  {_located(path if loc else '', error)}")
-    return "\n".join(lines)
+            problems.append(_located(path if loc else "", error))
+    if len(problems) == 1:
+        return f"{label}: {problems[0]}"
+    return "\n".join([f"{label}: {len(problems)} problems:", *(f"  {problem}" for problem in problems)])
 
 
 def _located(path: str, error: Any) -> str:
@@ -287,6 +405,6 @@ def _suggest(loc: list[str]) -> str:
     import difflib
 
     keys = [*model.model_fields, *(["base"] if model is Config else [])]  # base: is read before validation
-    close = difflib.get_close_matches(loc[-1], keys, n=1, cutoff=0.4)
+    close = [key for key in difflib.get_close_matches(loc[-1], keys, n=2, cutoff=0.4) if key != loc[-1]][:1]
     valid = ", ".join(keys)
     return f"; did you mean {close[0]!r}? (valid keys: {valid})" if close else f"; valid keys: {valid}"

@@ -9,8 +9,8 @@ not carry (`Member.also`, each citing its source); a cluster's or docker's membe
 checked where the config's orchestrator sends it. A value equal to the field's default is not checked (defaults are
 tested once, in tests/toolkit/test_members.py), so a config that sets nothing AWS-bound loads no service model.
 
-Without botocore (the config checked without the aws extra) the AWS rows do not run: such a config reaches no AWS
-request from this machine.
+Without botocore (the config checked without the aws extra) the AWS rows check their documented rules (`Member.also`)
+alone: botocore's shapes are not there to read, and such a config reaches no AWS request from this machine.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ CONFIG_TAG = "toolkit:config"
 
 
 def _with_config_tag(tags: dict[str, str]) -> list[dict[str, str]]:
-    """The Tags member as CreateTrainingJob carries it: the user's tags, then the toolkit's own."""
-    return [{"Key": k, "Value": v} for k, v in {**tags, CONFIG_TAG: "config-name"}.items()]
+    """The Tags member as CreateTrainingJob carries it: the user's tags, then the toolkit's own (not merged as a
+    mapping: a user's tag of the toolkit's own key would vanish in it, unchecked; `_no_reserved_prefix` refuses it)."""
+    return [*({"Key": k, "Value": v} for k, v in tags.items()), {"Key": CONFIG_TAG, "Value": "config-name"}]
 
 
 def _no_reserved_prefix(tags: list[dict[str, str]]) -> str | None:
@@ -52,7 +53,10 @@ def _no_reserved_prefix(tags: list[dict[str, str]]) -> str | None:
         if tag["Key"].lower().startswith("aws:"):
             return f"tag key {tag['Key']!r} starts with 'aws:', which AWS reserves for its own tags"
         if tag["Key"].lower().startswith(mine):
-            return f"tag key {tag['Key']!r} starts with {mine!r}, which the toolkit reserves for its own ({CONFIG_TAG})"
+            return (
+                f"tag key {tag['Key']!r} starts with {mine!r}, which the toolkit reserves for its own ({CONFIG_TAG}: "
+                "the config's name, how `toolkit jobs` finds its jobs): rename the tag"
+            )
     return None
 
 
@@ -291,9 +295,10 @@ def shape_problem(shape: Any, value: Any) -> str | None:
     return None
 
 
-def member_problem(path: str, member: Member, value: Any) -> str | None:
+def member_problem(path: str, member: Member, value: Any, shapes: bool = True) -> str | None:
+    """`shapes`: check botocore's shape too (False where botocore is not installed: the documented rule alone)."""
     sent = member.to_request(value) if member.to_request else value
-    shaped = None if member.service in RECEIVERS else shape_problem(member_shape(member), sent)
+    shaped = None if member.service in RECEIVERS or not shapes else shape_problem(member_shape(member), sent)
     problem = shaped or (member.also(sent) if member.also else None)
     if problem is None:
         return None
@@ -343,6 +348,9 @@ def refuse_what_aws_refuses(config: Config) -> None:
         value = value_at(config, path)
         if value is None or value == default_at(path, type(config)) or value in ([], {}):  # unset, or nothing sent
             continue
-        problem = member_problem(path, member, value) if _received(member, config, botocore) else None
+        if _received(member, config, botocore):
+            problem = member_problem(path, member, value)
+        else:  # an AWS member without botocore: its documented rule still holds (a reserved tag key, 28 days)
+            problem = member_problem(path, member, value, shapes=False) if member.service not in RECEIVERS else None
         if problem:
             raise ValueError(problem)

@@ -43,6 +43,72 @@ class AutoscalingSettings(StrictModel):
         return self
 
 
+# serving.vllm_args keys that the toolkit sets itself, or that would break the hosting contract (a vLLM flag's name as
+# containers/serving/serve.py spells it -> where it comes from instead). A key here would replace the toolkit's value
+# and skip its check (SM_VLLM_<NAME> of the same name), or make the endpoint unreachable. tests/toolkit/
+# test_config_input.py ties it to every SM_VLLM_* setting the deploy code and serve.py set.
+TOOLKIT_VLLM_FLAGS = {
+    "port": "SageMaker sends every request to port 8080 (the hosting contract; --target local: serving.local_port)",
+    "host": "the server listens where the hosting contract says (0.0.0.0 in the container, 127.0.0.1 locally)",
+    "uds": "SageMaker reaches the server on port 8080, not on a Unix socket",
+    "api-key": "SageMaker's /invocations and the toolkit's own client (eval, chat) send no key: every request "
+    "would be refused",
+    "ssl-keyfile": "SageMaker's health checks and requests reach the container over plain HTTP",
+    "ssl-certfile": "SageMaker's health checks and requests reach the container over plain HTTP",
+    "served-model-name": "requests, `toolkit eval` and `toolkit chat` select the model by the config's name: change "
+    "`name`",
+    "model": "the served model is the training run's output (serving.model_data), or model.id under serving.weights: "
+    "adapter",
+    "base-model": "set model.id (with serving.weights: adapter)",
+    "revision": "set model.revision",
+    "adapter-name": "the adapter is served as 'adapter', the name requests select it by",
+    "lora-modules": "serving.weights: adapter serves the run's adapter (as 'adapter')",
+    "enable-lora": "set serving.weights: adapter",
+    "max-lora-rank": "the toolkit derives it from lora.r and lora.expert_r (rounded up to a rank vLLM serves)",
+    "max-loras": "set serving.max_loras",
+    "max-model-len": "set serving.max_model_len (checked against data.max_length and the model's context)",
+    "max-num-seqs": "set serving.max_num_seqs",
+    "tensor-parallel-size": "set serving.tensor_parallel_size (checked against the instance's GPUs and the model's "
+    "attention heads)",
+    "gpu-memory-utilization": "set serving.gpu_memory_utilization",
+}
+_FLAG_NAME = re.compile(r"(--)?[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def vllm_flag(key: str) -> str:
+    """A serving.vllm_args key as the vLLM flag serve.py passes (`--Max_Model_Len` and `max-model-len` are one)."""
+    return key.removeprefix("--").replace("_", "-").lower()
+
+
+def _vllm_args_problem(args: object) -> str | None:
+    """What is wrong with serving.vllm_args (None: nothing): a key that is no flag name, that names a flag the toolkit
+    sets (TOOLKIT_VLLM_FLAGS), or the same flag twice; a value that is not text, a finite number or true/false."""
+    import math
+
+    if not isinstance(args, dict):
+        return None  # the type check says it
+    seen: dict[str, str] = {}
+    for key, value in args.items():
+        if not isinstance(key, str) or not _FLAG_NAME.fullmatch(key):
+            return (
+                f"serving.vllm_args: key {brief(key)} is no vLLM flag name (letters, digits and hyphens, e.g. "
+                "enable-prefix-caching)"
+            )
+        flag = vllm_flag(key)
+        if flag in TOOLKIT_VLLM_FLAGS:
+            return (
+                f"serving.vllm_args: {key!r} is a flag the toolkit sets itself: remove it; " + TOOLKIT_VLLM_FLAGS[flag]
+            )
+        if flag in seen:
+            return f"serving.vllm_args: {seen[flag]!r} and {key!r} are the same flag --{flag}; keep one"
+        seen[flag] = key
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"serving.vllm_args.{key}: {value} is not a finite number; write a number"
+        if not isinstance(value, str | int | float | bool):
+            return f"serving.vllm_args.{key}: a flag's value is text, a number or true/false, not {brief(value)}"
+    return None
+
+
 class ServingSettings(StrictModel):
     """The vLLM endpoint (SageMaker) or local server."""
 
@@ -109,6 +175,14 @@ class ServingSettings(StrictModel):
         None,
         description="Python with vLLM for local serving; default: .venv-serve (WITH_SERVE=1 source scripts/env.sh).",
     )
+
+    @field_validator("vllm_args", mode="before")
+    @classmethod
+    def _flags_of_the_user(cls, value: object) -> object:
+        problem = _vllm_args_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> ServingSettings:
