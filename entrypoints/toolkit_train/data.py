@@ -8,6 +8,7 @@ trains exactly what the model must generate. The format is the family's (toolkit
 
 from __future__ import annotations
 
+import datetime
 import json
 import statistics
 import typing
@@ -385,9 +386,10 @@ def prepare(
     try:
         if settings.format == "preference":
             chat_format.check(tokenizer)
-            pairs = tokenize_pairs(conversations, chat_format, tokenizer)
+            pairs = tokenize_pairs(conversations, chat_format, tokenizer, settings.conversation_date)
             return _enforce_pair_length(datasets.Dataset.from_dict(pairs), settings, report)
-        tokenized = datasets.Dataset.from_dict(_tokenize(conversations, tokenizer, settings.loss_on, chat_format))
+        columns = _tokenize(conversations, tokenizer, settings.loss_on, chat_format, settings.conversation_date)
+        tokenized = datasets.Dataset.from_dict(columns)
     except FormatError as exc:
         raise DataError(str(exc)) from None
     report.assistant_turns = len(tokenized)
@@ -395,14 +397,15 @@ def prepare(
 
 
 def tokenize_pairs(
-    pairs: list[dict[str, Any]], chat_format: ChatFormat = formats.HARMONY, tokenizer=None
+    pairs: list[dict[str, Any]],
+    chat_format: ChatFormat = formats.HARMONY,
+    tokenizer=None,
+    date: datetime.date | str | None = None,
 ) -> dict[str, list]:
     """Each pair as the format renders it for training (formats.ChatFormat.pair): the prompt as inference renders it
     (harmony: through `<|start|>assistant`), and each reply's tokens after it (harmony: analysis and final, through
     <|return|>): the tokens DPO scores."""
-    import datetime
-
-    date = datetime.date.today().isoformat()  # one date for the prompt and both replies
+    date = harmony.conversation_date(date)  # one date for the prompt and both replies
     columns: dict[str, list] = {column: [] for column in PAIR_COLUMNS}
     for pair in pairs:
         for column, ids in zip(PAIR_COLUMNS, chat_format.pair(pair, tokenizer, date), strict=True):
@@ -425,7 +428,11 @@ def _enforce_pair_length(dataset, settings: DataSettings, report: PrepareReport)
 
 
 def _tokenize(
-    conversations: list, tokenizer, loss_on: str = "assistant", chat_format: ChatFormat = formats.HARMONY
+    conversations: list,
+    tokenizer,
+    loss_on: str = "assistant",
+    chat_format: ChatFormat = formats.HARMONY,
+    date: datetime.date | str | None = None,
 ) -> dict[str, list]:
     """Render in the chat format (harmony: toolkit_train/harmony.py): one example per assistant turn; labels on the
     assistant's own tokens of that turn, or every token (loss_on 'all'). A conversation is a normalized row or a
@@ -436,7 +443,7 @@ def _tokenize(
     for conversation in conversations:
         if isinstance(conversation, list):
             conversation = harmony.normalize({}, conversation, "medium")
-        for example in chat_format.examples(conversation, tokenizer):
+        for example in chat_format.examples(conversation, tokenizer, harmony.conversation_date(date)):
             input_ids.append(example.ids)
             trained = [True] * len(example.ids) if loss_on == "all" else example.trained
             labels.append([t if m else IGNORE_INDEX for t, m in zip(example.ids, trained, strict=True)])

@@ -7,6 +7,7 @@ SageMaker hyperparameters (flattened by `to_hyperparameters`).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from pathlib import Path
@@ -243,6 +244,12 @@ class DataSettings(StrictModel):
         "medium",
         description="The system message's `Reasoning:` level for rows without their own `reasoning_effort` "
         "(harmony's default is medium; a request's reasoning_effort sets it at serving).",
+    )
+    conversation_date: datetime.date | None = Field(
+        None,
+        description="The `Current date:` harmony renders into every training example and served prompt (gpt-oss; "
+        "vLLM's VLLM_SYSTEM_START_DATE at serving): a fixed ISO date (YYYY-MM-DD) makes training and serving render "
+        "the same tokens on any day. Default: the day it runs, as vLLM does.",
     )
     loss_on: Literal["assistant", "all"] = Field(
         "assistant",
