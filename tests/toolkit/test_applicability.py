@@ -43,6 +43,8 @@ SCOPE_WORDS = re.compile(
 # Where to give a row's field a value other than its default, to show it refused where it cannot apply: a new
 # conditional row without an example fails test_every_conditional_row_is_refused_through_the_cli.
 EXAMPLES = {
+    "data.conversation_date": "2027-01-01",
+    "data.reasoning_effort": "high",
     "training.fsdp_sharding": "hybrid_shard",
     "training.min_lr_rate": "0.2",
     "training.packing": "false",
@@ -82,8 +84,10 @@ EXAMPLES = {
 # and, for a row that tests the value (`where`), where it does (APPLIES); by `on`, or by (field, on).
 ELSEWHERE = {"training.max_steps": "10", "training.tokens_per_micro_batch": "4096", "model.id": TINY_GPT_OSS,
              ("model.experts_implementation", "model.id"): "mistralai/Mistral-7B-v0.3", "data.source": SAMPLE_DATASET,
-             "data.eval.source": SAMPLE_DATASET}  # fmt: skip
-APPLIES = {"model.id": "openai/gpt-oss-20b", ("model.experts_implementation", "model.id"): TINY_GPT_OSS,
+             "data.eval.source": SAMPLE_DATASET, ("data.conversation_date", "model.id"): "builtin:tiny-qwen3",
+             ("data.reasoning_effort", "model.id"): "builtin:tiny-qwen3"}  # fmt: skip
+APPLIES = {("data.conversation_date", "model.id"): TINY_GPT_OSS, ("data.reasoning_effort", "model.id"): TINY_GPT_OSS,
+           "model.id": "openai/gpt-oss-20b", ("model.experts_implementation", "model.id"): TINY_GPT_OSS,
            "data.source": "HuggingFaceH4/Multilingual-Thinking",
            "data.eval.source": "HuggingFaceH4/Multilingual-Thinking"}  # fmt: skip
 # What else a setting needs to validate at all where it is refused (e.g. a tracking uri needs report_to); by field,
@@ -95,7 +99,9 @@ NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "train
          ("model.dequantize_mxfp4", "model.experts"): [f"model.id={TINY_GPT_OSS_MXFP4}"],
          ("model.experts_implementation", "model.experts"): [f"model.id={TINY_GPT_OSS_MXFP4}"],
          "model.dequantize_mxfp4": ["serving.instance_type=ml.g6e.12xlarge"],  # the merged 20b fits its endpoint
-         "model.revision": ["serving.instance_type=ml.g6e.12xlarge"]}  # fmt: skip
+         "model.revision": ["serving.instance_type=ml.g6e.12xlarge"],
+         "data.conversation_date": ["lora.target_parameters=[]"],  # a dense model has no experts to adapt
+         "data.reasoning_effort": ["lora.target_parameters=[]", "data.conversation_date=null"]}  # fmt: skip
 
 
 def _value_of(table: dict, path: str, on: str) -> str | None:
@@ -478,11 +484,15 @@ SECTIONS = {
             "data.overlong": "truncate",
             "data.skip_bad_rows": True,
             "data.reasoning_effort": "high",
+            "data.conversation_date": "2027-01-01",
             "data.loss_on": "all",
             "data.eval": {"fraction": 0.5},
         },
         deciders={"data.eval": [None, {"fraction": 0.25}]},
-        read_as_is=dict.fromkeys(["data.max_length", "data.overlong", "data.skip_bad_rows", "data.loss_on"], PREPARED),
+        read_as_is=dict.fromkeys(
+            ["data.max_length", "data.overlong", "data.skip_bad_rows", "data.loss_on", "data.conversation_date"],
+            PREPARED,
+        ),
     ),
     "local": Section(
         lambda config: get_target("local").render(config),

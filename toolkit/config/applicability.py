@@ -64,6 +64,14 @@ def _fused_experts(model_id: str) -> bool:
     return family is None or family.fused_experts
 
 
+def _renders_harmony(model_id: str) -> bool:
+    family = known_family(model_id, model_id.startswith(EXPLICIT_PATH))
+    return family is None or family.chat_format == "harmony"
+
+
+HARMONY_ONLY = ("a model rendered in harmony (gpt-oss)",)
+
+
 def _hub_id(model_id: str) -> bool:
     return model_id not in BUILTIN_MODELS and not model_id.startswith(EXPLICIT_PATH)
 
@@ -118,6 +126,16 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
     # -- data ----------------------------------------------------------------------------------------------------
     "data.split": _split_of("data.source"),
     "data.eval.split": _split_of("data.eval.source"),
+    "data.conversation_date": Scope(
+        "model.id", HARMONY_ONLY, "remove it", "a chat template renders no date into the prompt", where=_renders_harmony
+    ),
+    "data.reasoning_effort": Scope(
+        "model.id",
+        HARMONY_ONLY,
+        "remove it (a row's own reasoning_effort is read only by harmony too)",
+        "the family's chat template has no reasoning effort",
+        where=_renders_harmony,
+    ),
     # -- shared training settings ------------------------------------------------------------------------------
     "training.fsdp_sharding": Scope(
         "training.distributed", ("fsdp",), "remove it, or set training.distributed: fsdp", "ddp does not shard"
