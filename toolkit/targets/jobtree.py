@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 IGNORED_CODE = shutil.ignore_patterns("__pycache__", "*.pyc")
 TRAJECTORY_FILE = "trajectory.json"
+DATA_FILE = "data.json"  # input/config/data.json: the data the run trains on (data_digests)
+STOP_RECORD = "stop-requested"  # output/stop-requested: a stop was sent to the run (stop_record)
 
 
 def foreign_checkpoints(root: Path) -> str:
@@ -44,15 +46,76 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
     settings are written and an earlier attempt's outcome is cleared: this attempt resumes it."""
     from toolkit.targets.base import TargetError
 
+    data = data_digests(config)
     if fresh:
         for stale in RunTree(root).outputs:
             shutil.rmtree(stale, ignore_errors=True)
-    elif any(RunTree(root).checkpoints.glob("checkpoint-*")) and _settings_changed(config, root):
-        raise TargetError(foreign_checkpoints(root))
-    for outcome in (RunTree(root).failure, RunTree(root).stopped):  # records of the last attempt's end
+    elif any(RunTree(root).checkpoints.glob("checkpoint-*")):
+        if _settings_changed(config, root):
+            raise TargetError(foreign_checkpoints(root))
+        changed = _data_changed(data, root)
+        if changed:
+            raise TargetError(changed)
+    for outcome in (RunTree(root).failure, RunTree(root).stopped, stop_record(root)):  # the last attempt's end
         outcome.unlink(missing_ok=True)
     failure_elsewhere(root).unlink(missing_ok=True)
     write_settings(config, root)
+    write_atomically(data_file(root), json.dumps(data, indent=2, sort_keys=True))
+
+
+def data_digests(config: Config) -> dict[str, dict[str, str | None]]:
+    """What each data channel's content is, recorded with the run (input/config/data.json) so that a resume over
+    its checkpoints trains on the data they were trained on. The digest is the training side's own
+    (toolkit_train.prepared.source_digest: each file's name and SHA-256): a local file or directory, its bytes; a
+    prepared dataset, its seal (which holds every file's SHA-256); a builtin sample, its file shipped with the code.
+    A hub dataset id or an s3:// URI is not read from here: its digest is None and nothing is checked."""
+    from toolkit_train.checkpoints import SEAL, file_sha256
+    from toolkit_train.prepared import canonical, source_digest
+
+    recorded: dict[str, dict[str, str | None]] = {}
+    for name, source in config.data.channels().items():
+        seal = Path(source) / SEAL
+        if seal.is_file():
+            digest: str | None = f"seal:{file_sha256(seal)}"
+        else:
+            digest = source_digest(source)
+        recorded[name] = {"source": canonical(source), "sha256": digest}
+    return recorded
+
+
+def data_file(root: Path) -> Path:
+    """The data digests a run's checkpoints were trained on (data_digests), beside its settings."""
+    return settings_file(root).with_name(DATA_FILE)
+
+
+def _data_changed(now: dict[str, dict[str, str | None]], root: Path) -> str | None:
+    """The refusal when a channel's content differs from what the run's checkpoints were trained on; None when it
+    is the same, or not known (a run recorded before data was, a hub or S3 source)."""
+    from toolkit_train.checkpoints import newest_complete
+
+    try:
+        was = json.loads(data_file(root).read_text())
+    except (OSError, ValueError):
+        return None
+    for name, ours in now.items():
+        theirs = was.get(name) or {}
+        if not theirs.get("sha256") or not ours["sha256"] or theirs["sha256"] == ours["sha256"]:
+            continue
+        checkpoints = RunTree(root).checkpoints
+        newest = newest_complete(checkpoints)[0] or max(checkpoints.glob("checkpoint-*"))
+        field = "data.source" if name == "train" else "data.eval.source"
+        return (
+            f"{field} {ours['source']} changed since {newest} was written (content "
+            f"{_short(theirs['sha256'])} then, {_short(ours['sha256'])} now): resuming would train on other data "
+            "than its steps so far and draw the held-out rows again. Pass --fresh to start over on this data, or "
+            "restore the data as it was to resume"
+        )
+    return None
+
+
+def _short(digest: str) -> str:
+    kind, _, value = digest.rpartition(":")
+    return f"{kind + ' ' if kind else ''}sha256 {value[:12]}"
 
 
 def _settings_changed(config: Config, root: Path) -> bool:
@@ -138,6 +201,13 @@ def resume_hint(root: Path) -> str:
     if checkpoint is None:
         return "the next run of the same command starts from the beginning (no complete checkpoint)"
     return f"the next run of the same command resumes from {checkpoint.name}"
+
+
+def stop_record(root: Path) -> Path:
+    """Written by whoever sends the run a stop (the CLI's Ctrl-C, `toolkit jobs stop`) before sending it: a run that
+    then ends with no other outcome (stopped before its first checkpoint) was stopped, not killed; it says whether
+    it was stopped at once. The next attempt clears it."""
+    return RunTree(root).output / STOP_RECORD
 
 
 def settings_file(root: Path) -> Path:

@@ -28,6 +28,7 @@ from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperpar
 
 from toolkit import errors
 from toolkit.config import Config
+from toolkit.files import write_atomically
 from toolkit.resources import ENTRY_SCRIPT
 from toolkit.targets import relay
 from toolkit.targets.base import (
@@ -50,10 +51,12 @@ from toolkit.targets.jobtree import (
     run_holder,
     settings_file,
     stage_code,
+    stop_record,
     take_run_lock,
 )
 from toolkit.targets.relay import LOG_ERROR_PREFIX
 
+STOPPED_AT_ONCE, STOP_WITH_CHECKPOINT = "at once", "checkpoint"  # what a stop record says was sent
 RELAY = str(Path(relay.__file__))  # run by path: the run's PYTHONPATH holds the staged training code alone
 
 
@@ -104,14 +107,15 @@ class LocalJob(Job):
         if (self.process and code is None) or (not self.process and self._running_elsewhere()):
             return Run(self.name, Status.RUNNING)
         resume = resume_hint(self.root)
-        if self.killed:
+        asked = self._stop_asked()  # by this handle, or recorded by whoever sent it (another shell's CLI)
+        if self.killed or asked == STOPPED_AT_ONCE:
             return Run(self.name, Status.STOPPED, f"stopped at once: no new checkpoint was written; {resume}")
         if failure.exists():
             reason = failure.read_text(errors="replace").strip() or self._why_it_ended(code)
             return Run(self.name, Status.FAILED, f"{reason}; {resume}")
         if tree.stopped.exists():  # the trainer writes it once its stop's checkpoint is saved
             return Run(self.name, Status.STOPPED, f"stopped with a checkpoint; {resume}")
-        if self.stop_requested or code == 143:  # stopped before training began (loading), so nothing was saved
+        if self.stop_requested or asked or code == 143:  # stopped before training began (loading): nothing saved
             return Run(self.name, Status.STOPPED, f"stopped before it wrote a checkpoint; {resume}")
         if code not in (None, 0):
             return Run(self.name, Status.FAILED, f"{self._why_it_ended(code)}; {resume}")
@@ -120,6 +124,13 @@ class LocalJob(Job):
         if settings_file(self.root).exists():  # started, and every process of it is gone without an outcome
             return Run(self.name, Status.FAILED, f"{self._why_it_ended(None)}; {resume}")
         return Run(self.name, Status.PENDING)
+
+    def _stop_asked(self) -> str | None:
+        """What the run's stop record says was sent (STOPPED_AT_ONCE or STOP_WITH_CHECKPOINT), or None."""
+        try:
+            return stop_record(self.root).read_text().strip() or STOP_WITH_CHECKPOINT
+        except OSError:
+            return None
 
     def _why_it_ended(self, code: int | None) -> str:
         reason = self._reason(code)
@@ -159,8 +170,20 @@ class LocalJob(Job):
         # a stop at once is never undone: the first interrupt's checkpoint request may be sent after the second
         # interrupt's kill (the notice that invites it comes first), and must not report a checkpointed stop
         self.stop_requested, self.killed = True, self.killed or now
+        self._record_stop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL if now else signal.SIGTERM)
+
+    def _record_stop(self) -> None:
+        """Written down before the signal goes: a run stopped before its first checkpoint writes no record of its
+        own, and `toolkit jobs status` from another shell must say what this one says (Stopped, not killed). A
+        stop at once is never overwritten by a later checkpoint request (see above). Best effort: a record that
+        cannot be written (a full disk) does not keep the stop from being sent."""
+        record = stop_record(self.root)
+        with contextlib.suppress(OSError):
+            if self.killed or self._stop_asked() != STOPPED_AT_ONCE:
+                record.parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(record, (STOPPED_AT_ONCE if self.killed else STOP_WITH_CHECKPOINT) + "\n")
 
     def wait(self, on_line: Callable[[str], None] | None = None, poll_seconds: float = 1) -> Run:
         if self.process is None:  # found again: follow its log until it ends

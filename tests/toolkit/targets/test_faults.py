@@ -130,6 +130,35 @@ def test_a_run_killed_without_a_trace_is_reported_failed_with_where_it_resumes(t
     assert "ended without an outcome" in state.detail and "resumes from checkpoint-2" in state.detail
 
 
+def test_rows_appended_between_a_stop_and_the_resume_refuse_it_and_nothing_is_trained(tmp_path):
+    """Rows appended to data.source after a kill at step 3 were trained on at the resume from checkpoint-2 (and the
+    held-out split drawn again over the changed file). The same command now refuses in one line (exit 2) naming
+    what changed since which checkpoint; nothing is launched; with the data restored it resumes."""
+    from toolkit_train.data import SAMPLE_PATH
+
+    data = tmp_path / "rows.jsonl"
+    shutil.copy(SAMPLE_PATH, data)
+    root = tmp_path / "run"
+    assert train(root, "--set", f"data.source={data}", fault="step-3").exit_code == 1
+    checkpoint = root / "checkpoints" / "checkpoint-2"
+    assert checkpoint.is_dir()
+    original = data.read_bytes()
+    data.write_bytes(original + original.splitlines(keepends=True)[0] * 8)
+    log = (root / "output" / "train.log").read_text()
+    refused = train(root, "--set", f"data.source={data}")
+    assert refused.exit_code == 2, refused.output
+    line = refused.output.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert f"data.source {data} changed since {checkpoint} was written" in line
+    assert "--fresh" in line and "restore the data" in line
+    assert (root / "output" / "train.log").read_text() == log  # nothing launched
+    assert [p.name for p in (root / "checkpoints").glob("checkpoint-*")] == ["checkpoint-2"]
+    data.write_bytes(original)
+    resumed = train(root, "--set", f"data.source={data}")
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from {checkpoint}" in (root / "output" / "train.log").read_text()
+
+
 def _truncate(path: Path) -> None:
     with path.open("r+b") as handle:
         handle.truncate(path.stat().st_size // 2)

@@ -4,6 +4,7 @@ subpackage or data file too), the foreign-checkpoint guard and --fresh, and no l
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import sys
@@ -115,3 +116,72 @@ def test_artifacts_are_the_same_kinds_on_every_target(tmp_path):
     served = Artifacts(adapter=f"{prefix}adapter/", merged=f"{prefix}merged/", model=prefix)
     assert list(served) == ["model", "adapter", "merged"] and served["model"] == prefix
     assert served == {"model": prefix, "adapter": f"{prefix}adapter/", "merged": f"{prefix}merged/"}
+
+
+def _sealed_checkpoint(root: Path, step: int) -> Path:
+    from toolkit_train.checkpoints import seal
+
+    checkpoint = root / "checkpoints" / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 9}))
+    seal(checkpoint)
+    return checkpoint
+
+
+def test_a_resume_over_changed_data_refuses_naming_the_checkpoint_and_fresh_or_restoring_goes_on(tmp_path):
+    """Rows appended to data.source between a stop and the resume were trained on silently (and the held-out split
+    drawn again over the changed file): the run records its data's digest, and a resume over other data refuses in
+    one line naming the source and the checkpoint; the data restored, it resumes; --fresh starts over on it."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"messages": []}\n' * 4)
+    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={tmp_path}/{{name}}", f"data.source={data}"])
+    root = tmp_path / "run"
+    prepare_run_dir(config, root, fresh=False)
+    checkpoint = _sealed_checkpoint(root, 2)
+    prepare_run_dir(config, root, fresh=False)  # the same data: resumes
+    original = data.read_bytes()
+    data.write_bytes(original + b'{"messages": []}\n')
+    with pytest.raises(TargetError) as refused:
+        prepare_run_dir(config, root, fresh=False)
+    line = str(refused.value)
+    assert "\n" not in line
+    assert f"data.source {data} changed since {checkpoint} was written" in line
+    assert "--fresh" in line and "restore the data" in line
+    assert checkpoint.exists()  # nothing touched
+    data.write_bytes(original)
+    prepare_run_dir(config, root, fresh=False)  # restored: resumes
+    data.write_bytes(original + b'{"messages": []}\n')
+    prepare_run_dir(config, root, fresh=True)  # over the new data, from the beginning
+    assert not (root / "checkpoints").exists()
+    _sealed_checkpoint(root, 2)
+    prepare_run_dir(config, root, fresh=False)  # and its own checkpoints resume on it
+
+
+def test_the_data_a_run_records_by_kind_of_source(tmp_path):
+    """A file or directory: its bytes; a prepared dataset: its seal; a builtin sample: the file it ships as; a hub
+    dataset id or an s3:// URI: nothing (not read from here), so nothing is checked."""
+    from toolkit_train.checkpoints import SEAL, seal
+
+    from toolkit.targets.jobtree import data_digests
+
+    def digest(source: str, *more: str) -> str | None:
+        config = load_config("tiny-gpt-oss-local", [f"data.source={source}", *more])
+        return data_digests(config)["train"]["sha256"]
+
+    rows = tmp_path / "rows" / "a.jsonl"
+    rows.parent.mkdir()
+    rows.write_text('{"messages": []}\n')
+    by_file, by_dir = digest(str(rows)), digest(str(rows.parent))
+    assert by_file and by_dir
+    rows.write_text('{"messages": []}\n{"messages": []}\n')
+    assert digest(str(rows)) != by_file and digest(str(rows.parent)) != by_dir
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    (prepared / "state.json").write_text("{}")
+    seal(prepared, {"source": str(rows)})
+    assert digest(str(prepared)).startswith("seal:")
+    assert digest("builtin:multilingual-thinking-sample")
+    assert digest("HuggingFaceH4/Multilingual-Thinking") is None
+    with_eval = data_digests(load_config("tiny-gpt-oss-local", [f"data.eval={{source: {rows}}}"]))
+    assert with_eval["eval"]["sha256"] == digest(str(rows))
+    assert (prepared / SEAL).exists()

@@ -216,6 +216,33 @@ def test_a_stop_before_training_began_does_not_claim_a_checkpoint(tmp_path):
     assert state.status is Status.STOPPED and state.detail.startswith("stopped with a checkpoint"), state
 
 
+@pytest.mark.parametrize("now", [False, True])
+def test_a_stop_before_the_first_checkpoint_is_what_jobs_status_says_from_another_shell(tmp_path, now):
+    """The CLI said "Stopped ... starts from the beginning" (exit 130) for a stop before the first checkpoint, and
+    `toolkit jobs status` then said "Failed: its processes ended without an outcome": the trainer writes no record
+    of a stop before it has a checkpoint. Whoever sends the stop writes it down first, so both say Stopped. A
+    process group that dies of the signal stands in for the run; the CLI's `jobs status` is the other shell."""
+    root = tmp_path / "run"
+    config = load_config("tiny-gpt-oss-local", [f"local.output_dir={root}"])
+    from toolkit.targets.jobtree import prepare_run_dir
+
+    prepare_run_dir(config, root, fresh=False)  # as a launch leaves it: settings written, no outcome
+    trainer = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    job = LocalJob(config.name, root, process=trainer)
+    job.stop(now=now)
+    trainer.wait()
+    said = job.status()
+    assert said.status is Status.STOPPED, said
+    from toolkit import sdk
+
+    found = sdk.job_status(config, config.name, None)  # `toolkit jobs status`: found again, no process handle
+    assert (found.status, found.detail) == (said.status, said.detail)
+    expected = "stopped at once: no new checkpoint" if now else "stopped before it wrote a checkpoint"
+    assert found.detail.startswith(expected) and "starts from the beginning" in found.detail, found
+    prepare_run_dir(config, root, fresh=False)  # the next attempt starts without the last one's outcome
+    assert toolkit.job(config, config.name).status().status is Status.FAILED  # (nothing of it ran here)
+
+
 def test_a_chat_template_family_trains_and_merges_on_the_local_target(qwen3_job_run):
     """The dense Qwen3 family end to end on the local target (issue 47): the tiny Qwen3 preset as it ships (the
     session's shared run: its rows rendered with the model's own chat template, LoRA on every linear layer, 30 steps,
