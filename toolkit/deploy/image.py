@@ -6,7 +6,8 @@
 
 The tag is a hash of the build context and base image, so an unchanged image is never rebuilt: when the registry
 already has the tag, nothing is built or pushed. Registry credentials come from ECR's GetAuthorizationToken and
-live only in a temporary docker config directory for the build (an ECR base image) and the push.
+live only in a temporary docker config directory for the build (an ECR base image) and the push, named after the
+process: removed when it ends, and by the next build where it was killed before it could (login_directory).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -211,6 +213,42 @@ def build_flags(base_image: str | None) -> list[str]:
     return [*flags, *docker_types] if buildx else flags
 
 
+LOGIN_PREFIX = "toolkit-docker-"  # $TMPDIR/toolkit-docker-<pid>-*: one build's docker config (its registry login)
+
+
+@contextlib.contextmanager
+def login_directory() -> Iterator[str]:
+    """A private docker config directory for one build and push, named after this process: removed when the block
+    ends (an error or Ctrl-C too); what a killed process left (SIGKILL, a closed terminal) is removed by the next
+    build (remove_leftover_logins)."""
+    with tempfile.TemporaryDirectory(prefix=f"{LOGIN_PREFIX}{os.getpid()}-") as directory:
+        yield directory
+
+
+def remove_leftover_logins() -> list[Path]:
+    """The docker config directories (registry logins: base64 user:token) of toolkit builds whose process is gone,
+    removed; a live build's is left alone. Those removed are returned."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{LOGIN_PREFIX}*"):
+        pid = path.name[len(LOGIN_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
+            continue  # an older toolkit's (no process named), or not this user's
+        if not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def ensure_image(
     config: Config,
     on_progress: Callable[[str], None] | None = None,
@@ -219,6 +257,7 @@ def ensure_image(
 ) -> str:
     """The image's URI in ECR, built and pushed unless the registry already has this content's tag."""
     report = on_progress or (lambda _: None)
+    remove_leftover_logins()
     spec = image_spec(config, kind)
     with build_context(kind) as context:
         if not (context / "Dockerfile").is_file():
@@ -234,7 +273,7 @@ def ensure_image(
                 check_manifest(media_type, image)
             report(f"{image} already in the registry: nothing to build")
             return image
-        with tempfile.TemporaryDirectory(prefix="toolkit-docker-") as docker_config:  # credentials never persist
+        with login_directory() as docker_config:  # credentials never persist past this process
             base_host = (spec.base_image or "").split("/", 1)[0]
             for host in dict.fromkeys([registry.url, *([base_host] if ECR_HOST.match(base_host) else [])]):
                 # ECR's token is valid for every registry these credentials may pull from (the DLC's account too)
