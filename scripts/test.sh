@@ -68,6 +68,18 @@ if answers["ci95"][1] < 0:
     problems.append(f"chrF's 95% interval {answers['ci95']} lies below zero: the fine-tune made the answers worse")
 sys.exit("; ".join(problems) or None)
 CHECK
+  # the README's table is the recorded run docs/results/main-job.json (tests/test_docs_results.py): say whether this
+  # machine reproduced it (the bases and the date are pinned; another CPU's arithmetic may still differ)
+  "$VENV/bin/python" - <<'RECORD'
+import json
+from toolkit.evaluate.report import markdown
+table = lambda r: [line for line in markdown(r, r.get("validation")).splitlines() if line.startswith("|")]
+fresh, record = (json.load(open(p)) for p in ("runs/tiny-gpt-oss-local/eval/report.json", "docs/results/main-job.json"))
+same = table(fresh) == table(record)
+print("the main job reproduced its record, docs/results/main-job.json" if same else
+      "note: the main job's table differs from its record, docs/results/main-job.json (its checks passed):\n"
+      + "\n".join(table(fresh)))
+RECORD
 fi
 wait "$tiny_models" || { cat .tiny-models.log; echo "error: building the tiny models failed (above)" >&2; exit 1; }
 # two workers, each module on one (its module fixtures made once): engine start-ups and waits overlap on a 2-core machine

@@ -93,3 +93,32 @@ def test_the_slim_install_runs_or_names_the_extra(line, tmp_path):
         errors = [line for line in outcome.stderr.splitlines() if line.startswith("error:")]
         wanted = rf"`{extra}` extra is not installed.*pip install '\.\[{extra}\]'"
         assert len(errors) == 1 and re.search(wanted, errors[0]), outcome.stderr
+
+
+SDK_BLOCK = re.search(r"^## SDK\n.*?^```python\n(.*?)^```", (REPO / "README.md").read_text(), flags=re.M | re.S)
+RUN_BLOCK = """
+import sys, traceback
+from toolkit.errors import classify
+try:
+    exec(compile(open(sys.argv[1]).read(), "README.md's SDK block", "exec"))
+except BaseException as exc:
+    known = classify(exc)
+    print(f"stopped at: {type(exc).__name__}: {known[1] if known else exc}")
+    sys.exit(3 if known else 4)  # 3: the toolkit's own error (the AWS part, here); 4: a bug (TypeError, ...)
+"""
+
+
+def test_the_readme_sdk_block_runs_as_written(tmp_path):
+    """The README's Python block, as written, in the demo's environment: it trains (10 steps of the tiny model on the
+    chat-messages example) and prints the job's state, then reaches `toolkit.deploy("my-job.yaml")`, which needs AWS
+    (here: no credentials, no trained run of that config) and raises the toolkit's own error, not a TypeError (it
+    did: `toolkit.deploy` was the sub-package)."""
+    venv = _environment(DEMO_VENV)
+    assert SDK_BLOCK, "README.md's ## SDK section has no python block"
+    cwd = newcomer.workdir(tmp_path / "checkout")
+    (cwd / "block.py").write_text(SDK_BLOCK.group(1))
+    (cwd / "run_block.py").write_text(RUN_BLOCK)
+    command = newcomer.Command("README.md", "python block", "python run_block.py block.py", None)
+    outcome = newcomer.run(command, venv, cwd, tmp_path, timeout=600)
+    assert "Completed {'adapter': " in outcome.stdout, outcome
+    assert outcome.code == 3 and "stopped at: " in outcome.stdout, outcome  # the toolkit's own one-line error
