@@ -8,13 +8,15 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NEEDS = re.compile(r"\s#\s*needs\b\s*(.*)$")
+# `# needs AWS: ...`, `# needs a trained run`: what the command needs first; `# trains: ...`: minutes of training
+MARKER = re.compile(r"\s#\s*(needs|trains)\b[:;,]?\s*(.*)$")
 COMMENT = re.compile(r"\s+#.*$")
 ALTERNATIVES = re.compile(r"(?<![\w.|/-])([a-z]+(?:\|[a-z]+)+)(?![\w|])")  # `status|logs|stop`, not a shell pipe
 
@@ -24,7 +26,12 @@ class Command:
     page: str
     line: str  # as the page writes it, comment included
     command: str  # what bash runs: the comment dropped, one of its alternatives
-    needs: str | None  # the `# needs ...` marker's words ("AWS", "a trained run"), None for an offline command
+    needs: str | None  # the `# needs ...` marker's words ("AWS", "a trained run"), "trains", or None (offline)
+
+    @property
+    def kind(self) -> str | None:
+        """None (offline), "AWS", "trains" or the first word of another need."""
+        return re.sub(r"[:;,]$", "", self.needs.split()[0]) if self.needs else None
 
     @property
     def id(self) -> str:
@@ -39,13 +46,13 @@ def commands() -> list[Command]:
             for line in (raw.strip() for raw in block.splitlines()):
                 if not line.startswith("toolkit "):
                     continue
-                marker = NEEDS.search(line)
+                marker = MARKER.search(line)
                 plain = COMMENT.sub("", line)
                 parts = ALTERNATIVES.split(plain)  # odd items: the alternatives
                 choices = [p.split("|") if i % 2 else [p] for i, p in enumerate(parts)]
                 for chosen in itertools.product(*choices):
                     command = "".join(chosen)
-                    needs = marker.group(1).strip() if marker else None
+                    needs = None if not marker else "trains" if marker.group(1) == "trains" else marker.group(2)
                     found.setdefault(command, Command(page.name, line, command, needs))
     return list(found.values())
 
@@ -84,9 +91,16 @@ class Outcome:
 def run(command: Command, venv: Path, cwd: Path, home: Path, timeout: float = 300) -> Outcome:
     env = offline_environment(home)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    done = subprocess.run(["bash", "-c", command.command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    return Outcome(done.returncode, done.stdout, done.stderr)
+    # a session of its own: a command that outlives its time (a server, say) goes with everything it started
+    process = subprocess.Popen(["bash", "-c", command.command], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        return Outcome(-1, stdout, stderr + f"\n(still running after {timeout} s: killed)")
+    return Outcome(process.returncode, stdout, stderr)
 
 
 def problems(command: Command, outcome: Outcome) -> list[str]:
@@ -98,7 +112,7 @@ def problems(command: Command, outcome: Outcome) -> list[str]:
     if "Traceback (most recent call last)" in text:
         found.append("printed a traceback")
     errors = [line for line in outcome.stderr.splitlines() if line.startswith("error:")]
-    allowed = {None: {0}, "AWS": {2}}.get(command.needs.split()[0] if command.needs else None, {0, 1, 2})
+    allowed = {None: {0}, "AWS": {2}}.get(command.kind, {0, 1, 2})
     if outcome.code not in allowed:
         found.append(f"exited {outcome.code}, expected {sorted(allowed)}")
     if outcome.code != 0 and len(errors) != 1:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_VENV = REPO / ".venv-demo"  # what `bash scripts/demo.sh` built (scripts/test.sh: VENV=.venv-demo)
 SLIM_VENV = REPO / ".venv-slim"  # `pip install .` (scripts/env.sh: make_slim_venv)
 COMMANDS = newcomer.commands()
-RUN = [c for c in COMMANDS if not (c.needs or "").startswith("trains")]
+RUN = [c for c in COMMANDS if c.kind != "trains"]
 
 
 def _environment(path: Path) -> Path:
@@ -52,7 +52,7 @@ def outcomes(tmp_path_factory) -> dict[str, newcomer.Outcome]:
 
 
 def test_the_pages_have_commands_of_every_kind():
-    kinds = {c.needs.split()[0] if c.needs else None for c in COMMANDS}
+    kinds = {c.kind for c in COMMANDS}
     assert {None, "AWS", "trains"} <= kinds and len(RUN) >= 30, sorted(map(str, kinds))
 
 
