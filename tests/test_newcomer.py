@@ -120,5 +120,6 @@ def test_the_readme_sdk_block_runs_as_written(tmp_path):
     (cwd / "run_block.py").write_text(RUN_BLOCK)
     command = newcomer.Command("README.md", "python block", "python run_block.py block.py", None)
     outcome = newcomer.run(command, venv, cwd, tmp_path, timeout=600)
-    assert "Completed {'adapter': " in outcome.stdout, outcome
+    printed = re.search(r"print\(state.status, state.artifacts\)  # (\w+ \w+\(adapter=)", SDK_BLOCK.group(1))
+    assert printed and printed.group(1) in outcome.stdout, outcome  # what the block's comment says it prints
     assert outcome.code == 3 and "stopped at: " in outcome.stdout, outcome  # the toolkit's own one-line error

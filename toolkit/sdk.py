@@ -678,7 +678,9 @@ def serve_local_until_stopped(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
-    served = local_model_dir(cfg, model_dir)  # no trained model: said at once, before a tokenizer (a tiny base) is built
+    served = local_model_dir(
+        cfg, model_dir
+    )  # no trained model: said at once, before a tokenizer (a tiny base) is built
     rendering = trained_rendering(cfg)  # before vLLM starts: a tokenizer that cannot be loaded is said first
     server = LocalServer(cfg, served, port)
     drift = None if rendering is None else lambda url: _drift(cfg, rendering, url)
