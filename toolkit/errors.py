@@ -98,11 +98,14 @@ def _missing_extra_line(needed_for: str, extra: str, module: str) -> str:
 def missing_extra(exc: BaseException) -> MissingExtra | None:
     """The one line for an ImportError of a module an extra provides; None for any other (a bug keeps its
     traceback)."""
+    import importlib.util
+
     name = getattr(exc, "name", None) or ""
-    extra = EXTRA_OF_MODULE.get(name.split(".")[0])
-    if not isinstance(exc, ImportError) or extra is None:
-        return None
-    return MissingExtra(_missing_extra_line(WHAT_EXTRA_GIVES[extra], extra, name))
+    top = name.split(".")[0]
+    extra = EXTRA_OF_MODULE.get(top)
+    if not isinstance(exc, ImportError) or extra is None or importlib.util.find_spec(top) is not None:
+        return None  # installed: a missing part of it is a version mismatch or a bug, not a missing extra
+    return MissingExtra(_missing_extra_line(WHAT_EXTRA_GIVES[extra], extra, top))
 
 
 def require_extra(extra: str, needed_for: str) -> None:

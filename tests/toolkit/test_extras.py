@@ -62,10 +62,18 @@ def test_the_table_is_pyprojects_extras_both_ways():
     assert set(errors.WHAT_EXTRA_GIVES) == set(SHIPPED_EXTRAS)
 
 
-def test_a_missing_extra_is_one_line_with_exit_2():
+def test_a_missing_extra_is_one_line_with_exit_2(monkeypatch):
+    """sagemaker's absence simulated (find_spec answers None for it): this environment has every extra."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sagemaker" else real(name, *a))
     code, line = errors.classify(ModuleNotFoundError("No module named 'sagemaker'", name="sagemaker.core"))
     assert code == errors.BAD_INPUT and "\n" not in line
-    assert "`aws` extra" in line and "pip install '.[aws]'" in line, line
+    assert "`aws` extra is not installed (no sagemaker)" in line and "pip install '.[aws]'" in line, line
+
+
+def test_a_missing_part_of_an_installed_extra_is_not_a_missing_extra():
+    """sagemaker is installed: a submodule it lacks is a version mismatch or a bug, and keeps its traceback."""
+    assert errors.classify(ModuleNotFoundError("No module named 'sagemaker.nothing'", name="sagemaker.nothing")) is None
 
 
 def test_any_other_missing_module_is_a_bug_and_keeps_its_traceback():
