@@ -25,6 +25,24 @@ def _parity_probe(unique_repr: bytes) -> dict[str, Any] | None:
     return body if isinstance(body, dict) and body.get("return_token_ids") else None
 
 
+def _served_date(account_id: str, region: str, endpoint_name: str) -> str | None:
+    """The date vLLM renders into the served prompt: the container's VLLM_SYSTEM_START_DATE (data.conversation_date),
+    read from the endpoint's models as the container would get it; None (today) when none sets it."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    backend = sagemaker_backends[account_id][region]
+    endpoint = backend.endpoints.get(endpoint_name)
+    config = backend.endpoint_configs.get(endpoint.endpoint_config_name) if endpoint else None
+    names = [v.get("ModelName") for v in (config.production_variants if config else [])]
+    models = [backend._models[n] for n in names if n in backend._models] or list(backend._models.values())
+    dates = set()
+    for model in models:  # an adapter's base is an inference component's model: then any model of the account
+        for container in [model.primary_container or {}, *(model.containers or [])]:
+            dates.add((container.get("Environment") or {}).get("VLLM_SYSTEM_START_DATE"))
+    dates.discard(None)
+    return dates.pop() if len(dates) == 1 else None
+
+
 def render_like_training() -> None:
     """Patch moto's InvokeEndpoint (in this process: ThreadedMotoServer) to answer parity probes."""
     from moto.sagemakerruntime.models import SageMakerRuntimeBackend
@@ -39,8 +57,9 @@ def render_like_training() -> None:
         if probe is None:
             return original(self, endpoint_name, unique_repr)
         conversation = harmony.normalize(probe, probe["messages"], "medium", complete=False)
+        date = _served_date(self.account_id, self.region_name, endpoint_name)
         reply = {"choices": [{"message": {"content": ""}, "finish_reason": "length"}],
-                 "prompt_token_ids": harmony.prompt_ids(conversation), "model": probe.get("model")}  # fmt: skip
+                 "prompt_token_ids": harmony.prompt_ids(conversation, date), "model": probe.get("model")}  # fmt: skip
         return json.dumps(reply), "application/json", "AllTraffic", ""
 
     invoke_endpoint.renders_like_training = True  # type: ignore[attr-defined]

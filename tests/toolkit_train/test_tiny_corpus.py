@@ -106,7 +106,7 @@ def test_the_base_reasons_in_english_whatever_the_system_prompt_names(tiny_model
     other_language = [row for row in rows if row["reasoning_language"] != EN]
     for row in rows:
         prompt = harmony.prompt_ids(harmony.normalize({}, to_messages(row, "multilingual-thinking")[:2], "medium",
-                                                      complete=False))  # fmt: skip
+                                                      complete=False), RECIPE["conversation_date"])  # fmt: skip
         with torch.no_grad():
             first = model(torch.tensor([prompt + analysis])).logits[0, -1].argmax().item()
         english += first == opening[EN]

@@ -187,7 +187,8 @@ def test_the_served_prompt_is_the_trained_prompt(server, trained):
     from toolkit_train import harmony
 
     cfg, _ = trained
-    trained_prompt = harmony.prompt_ids(harmony.normalize({}, QUESTION, "medium", complete=False))
+    trained_prompt = harmony.prompt_ids(harmony.normalize({}, QUESTION, "medium", complete=False),
+                                        cfg.data.conversation_date)  # fmt: skip
     body = json.loads(chat_body(cfg.name, return_token_ids=True))
     for route in ("/v1/chat/completions", "/invocations"):
         status, reply = post(server.url + route, json.dumps(body).encode())
@@ -205,13 +206,15 @@ def test_the_served_prompt_is_the_trained_prompt_for_tools_multi_turn_and_effort
 
     cfg, _ = trained
     assert toolkit.sdk.prompt_drift(cfg, server.url) == []
-    assert drift(lambda body: post(server.url + "/v1/chat/completions", json.dumps(body).encode())[1], cfg.name) == []
+    date = cfg.data.conversation_date  # the server renders it (VLLM_SYSTEM_START_DATE), as training did
+    assert drift(lambda body: post(server.url + "/v1/chat/completions", json.dumps(body).encode())[1], cfg.name,
+                 date=date) == []  # fmt: skip
 
     def one_token_off(body: dict) -> dict:
         reply = post(server.url + "/invocations", json.dumps(body).encode())[1]
         return {**reply, "prompt_token_ids": [reply["prompt_token_ids"][0], 0, *reply["prompt_token_ids"][2:]]}
 
-    problems = drift(one_token_off, cfg.name)
+    problems = drift(one_token_off, cfg.name, date=date)
     assert problems and all("differs from training's at token 1 of" in p for p in problems)
 
 
