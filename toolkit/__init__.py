@@ -6,7 +6,9 @@ package, and `toolkit --help`, stay instant.
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 __version__ = "0.1.0"
@@ -44,3 +46,17 @@ def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+
+
+class _Package(ModuleType):
+    """`toolkit.deploy` and `toolkit.plan` name SDK functions and also a sub-package and a module below: Python sets a
+    sub-module on its package when it is first imported, which hid the function (the README's `toolkit.deploy(...)`
+    raised TypeError). The SDK's names win; the sub-modules stay importable by their full names."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

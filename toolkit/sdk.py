@@ -685,17 +685,3 @@ def serve_local_until_stopped(
     server = LocalServer(cfg, served, port)
     drift = None if rendering is None else lambda url: _drift(cfg, rendering, url)
     server.serve(drift, phase or quietly, on_note, on_serving)
-
-
-def _bind_on_the_package() -> None:
-    """`toolkit.deploy` names both this module's deploy() and the sub-package toolkit/deploy/, which Python sets on
-    `toolkit` once it is imported (above, through toolkit.deploy.client): the SDK's names win there, so
-    `import toolkit; toolkit.deploy("my-job.yaml")` calls the function, as the README shows."""
-    import toolkit
-
-    for name in toolkit.__all__:
-        if name in globals():
-            setattr(toolkit, name, globals()[name])
-
-
-_bind_on_the_package()

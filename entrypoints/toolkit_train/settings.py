@@ -249,7 +249,8 @@ class DataSettings(StrictModel):
         None,
         description="The `Current date:` harmony renders into every training example and served prompt (gpt-oss; "
         "vLLM's VLLM_SYSTEM_START_DATE at serving): a fixed ISO date (YYYY-MM-DD) makes training and serving render "
-        "the same tokens on any day. Default: the day it runs, as vLLM does.",
+        "the same tokens on any day. Default: the day it runs, as vLLM does. A chat template renders no date: "
+        "ignored there.",
     )
     loss_on: Literal["assistant", "all"] = Field(
         "assistant",

@@ -43,7 +43,6 @@ SCOPE_WORDS = re.compile(
 # Where to give a row's field a value other than its default, to show it refused where it cannot apply: a new
 # conditional row without an example fails test_every_conditional_row_is_refused_through_the_cli.
 EXAMPLES = {
-    "data.conversation_date": "2027-01-01",
     "data.reasoning_effort": "high",
     "training.fsdp_sharding": "hybrid_shard",
     "training.min_lr_rate": "0.2",
@@ -84,9 +83,9 @@ EXAMPLES = {
 # and, for a row that tests the value (`where`), where it does (APPLIES); by `on`, or by (field, on).
 ELSEWHERE = {"training.max_steps": "10", "training.tokens_per_micro_batch": "4096", "model.id": TINY_GPT_OSS,
              ("model.experts_implementation", "model.id"): "mistralai/Mistral-7B-v0.3", "data.source": SAMPLE_DATASET,
-             "data.eval.source": SAMPLE_DATASET, ("data.conversation_date", "model.id"): "builtin:tiny-qwen3",
+             "data.eval.source": SAMPLE_DATASET,
              ("data.reasoning_effort", "model.id"): "builtin:tiny-qwen3"}  # fmt: skip
-APPLIES = {("data.conversation_date", "model.id"): TINY_GPT_OSS, ("data.reasoning_effort", "model.id"): TINY_GPT_OSS,
+APPLIES = {("data.reasoning_effort", "model.id"): TINY_GPT_OSS,
            "model.id": "openai/gpt-oss-20b", ("model.experts_implementation", "model.id"): TINY_GPT_OSS,
            "data.source": "HuggingFaceH4/Multilingual-Thinking",
            "data.eval.source": "HuggingFaceH4/Multilingual-Thinking"}  # fmt: skip
@@ -100,7 +99,7 @@ NEEDS = {"training.mlflow.tracking_uri": ["training.report_to=[mlflow]"], "train
          ("model.experts_implementation", "model.experts"): [f"model.id={TINY_GPT_OSS_MXFP4}"],
          "model.dequantize_mxfp4": ["serving.instance_type=ml.g6e.12xlarge"],  # the merged 20b fits its endpoint
          "model.revision": ["serving.instance_type=ml.g6e.12xlarge"],
-         "data.conversation_date": ["lora.target_parameters=[]"],  # a dense model has no experts to adapt
+         # a dense model has no experts to adapt; the preset's date is harmony's (ignored by a chat template)
          "data.reasoning_effort": ["lora.target_parameters=[]", "data.conversation_date=null"]}  # fmt: skip
 
 

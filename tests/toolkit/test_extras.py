@@ -95,7 +95,8 @@ def test_every_name_of_the_readme_sdk_table_is_callable_on_toolkit():
     SDK's function, not the toolkit.deploy sub-package that shares its name (it was: TypeError on the README's
     example)."""
     import toolkit
-    import toolkit.deploy.local  # the sub-package imported first, as any deploy does
+    import toolkit.deploy.local  # the sub-package and the module that share SDK names, imported first
+    import toolkit.plan
 
     sheet = (REPO / "README.md").read_text().split("## SDK", 1)[1].split("\n## ", 1)[0]
     cells = [cell for cell in re.findall(r"^\| (.+?) \|", sheet, flags=re.M) if not cell.startswith("SDK")]
@@ -103,4 +104,4 @@ def test_every_name_of_the_readme_sdk_table_is_callable_on_toolkit():
     assert {"train", "deploy", "chat_client", "infra_plan"} <= names, sorted(names)
     for name in sorted(names):
         assert callable(getattr(toolkit, name)), f"toolkit.{name} is {getattr(toolkit, name)!r}"
-    assert toolkit.deploy is sdk.deploy
+    assert toolkit.deploy is sdk.deploy and toolkit.plan is sdk.plan

@@ -64,10 +64,11 @@ def test_a_pair_is_its_served_prompt_and_each_reply_as_training_renders_it(tmp_p
     pairs = prepare(load_rows(settings.data.source), tokenizer, settings.data, report)
     assert pairs.column_names == ["prompt_ids", "chosen_ids", "rejected_ids"] and len(pairs) == 4
     row = preference_rows(4)[0]
-    served = harmony.prompt_ids(harmony.normalize(row, row["messages"], "medium", complete=False))
+    date = settings.data.conversation_date  # the preset's, as its server renders it
+    served = harmony.prompt_ids(harmony.normalize(row, row["messages"], "medium", complete=False), date)
     assert pairs[0]["prompt_ids"] == served  # the prompt as vLLM renders the request
     chosen = harmony.normalize(row, [*row["messages"], {"role": "assistant", **row["chosen"]}], "medium")
-    (example,) = harmony.examples(chosen)  # the reply's tokens are exactly the trained tokens of the SFT row
+    (example,) = harmony.examples(chosen, date)  # the reply's tokens are exactly the trained tokens of the SFT row
     assert served + pairs[0]["chosen_ids"] == example.ids
     trained = [t for t, on in zip(example.ids, example.trained, strict=True) if on]
     assert trained == served[-2:] + pairs[0]["chosen_ids"]  # SFT also trains `<|start|>assistant`: DPO's prompt

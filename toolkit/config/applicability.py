@@ -126,9 +126,6 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
     # -- data ----------------------------------------------------------------------------------------------------
     "data.split": _split_of("data.source"),
     "data.eval.split": _split_of("data.eval.source"),
-    "data.conversation_date": Scope(
-        "model.id", HARMONY_ONLY, "remove it", "a chat template renders no date into the prompt", where=_renders_harmony
-    ),
     "data.reasoning_effort": Scope(
         "model.id",
         HARMONY_ONLY,
