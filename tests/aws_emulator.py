@@ -40,6 +40,11 @@ def _served_date(account_id: str, region: str, endpoint_name: str) -> str | None
         for container in [model.primary_container or {}, *(model.containers or [])]:
             dates.add((container.get("Environment") or {}).get("VLLM_SYSTEM_START_DATE"))
     dates.discard(None)
+    if not dates:  # a registered version's model: its containers (and their environment) are the package's
+        for package in backend.model_packages.values():
+            for container in (package.inference_specification or {}).get("Containers", []):
+                dates.add((container.get("Environment") or {}).get("VLLM_SYSTEM_START_DATE"))
+        dates.discard(None)
     return dates.pop() if len(dates) == 1 else None
 
 
