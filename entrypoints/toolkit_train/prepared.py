@@ -175,11 +175,12 @@ def _remove_leftovers(destination: Path) -> None:
     for kind in (_STAGING, _REPLACED):
         for path in destination.parent.glob(f".{glob.escape(destination.name)}.{kind}-*"):
             pid = path.name.rpartition("-")[2]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_alive(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process of this pid exists (another user's counts: it cannot be signalled, it lives)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

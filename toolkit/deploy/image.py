@@ -228,25 +228,17 @@ def login_directory() -> Iterator[str]:
 def remove_leftover_logins() -> list[Path]:
     """The docker config directories (registry logins: base64 user:token) of toolkit builds whose process is gone,
     removed; a live build's is left alone. Those removed are returned."""
+    from toolkit_train.prepared import process_alive
+
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{LOGIN_PREFIX}*"):
         pid = path.name[len(LOGIN_PREFIX) :].split("-", 1)[0]
         if not pid.isdigit() or not path.is_dir() or path.is_symlink() or path.stat().st_uid != os.getuid():
             continue  # an older toolkit's (no process named), or not this user's
-        if not _alive(int(pid)):
+        if not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def ensure_image(
