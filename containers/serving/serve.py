@@ -9,8 +9,11 @@ POST /adapters {"name", "src"} and selects it per request with the X-Amzn-SageMa
 Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_SIZE=8 ->
 --tensor-parallel-size 8; "true" -> a bare flag; "false" -> --no-<flag>, vLLM's BooleanOptionalAction form).
 --max-lora-rank: the adapter's rank (adapter_config.json `r`) or TOOLKIT_LORA_RANK, rounded up to a rank vLLM
-allows. A model family's flags come by default (its reasoning and tool-call parsers: gpt-oss's, Qwen3's). Exit code 2
-with a message when the model directory is missing, empty or unreadable.
+allows. A model family's flags come by default (its reasoning and tool-call parsers: gpt-oss's, Qwen3's); a family
+whose variants differ (Qwen3: thinking, Instruct-2507 without a reasoning block, Coder's XML tool calls) gets the
+parsers for what the model's own chat template renders (`template_parsers`), where the template is here (the model
+directory, the adapter's tokenizer). SM_VLLM_REASONING_PARSER=false (or TOOL_CALL_PARSER) turns a default parser off.
+Exit code 2 with a message when the model directory is missing, empty or unreadable.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
         {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None},
     ),
 }
+# Families whose parsers follow the model's own chat template (a copy of the records' chat_format "template")
+TEMPLATE_FAMILIES = ("qwen3", "qwen3_moe")
+# What a chat template renders -> the vLLM 0.32 parser that reads it (a copy of toolkit_train/families.py's
+# TEMPLATE_PARSERS; a test ties them): a reasoning block (an assistant turn with reasoning, or the generation prompt,
+# opens <think>); tool calls as XML (<function=name>, Qwen3-Coder) or as JSON in <tool_call> (Qwen3, hermes).
+REASONING_PARSERS = (("<think>", "qwen3"),)
+TOOL_CALL_PARSERS = (("<function=", "qwen3_coder"), ("<tool_call>", "hermes"))
+PARSER_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice")
 
 
 # A base read from the hub (an adapter's base component) may be gated: the deployment names the Secrets Manager
@@ -129,6 +140,70 @@ def _lora_flags(env: dict[str, str], flags: list[str], rank: int) -> list[str]:
     return extra + ([] if "--max-lora-rank" in flags else ["--max-lora-rank", str(lora_rank(rank))])
 
 
+def chat_template(directory: Path) -> str | None:
+    """The chat template a model or adapter directory carries (chat_template.jinja, or tokenizer_config.json's)."""
+    try:
+        if (directory / "chat_template.jinja").is_file():
+            return (directory / "chat_template.jinja").read_text()
+        template = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
+
+
+def _rendered(template: str) -> str:
+    """What the template writes for a turn with reasoning, a generation prompt and a tool call (transformers'
+    renderer, as vLLM renders it)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    question = {"role": "user", "content": "Q"}
+    tool = {"type": "function", "function": {"name": "probe", "description": "d",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}  # fmt: skip
+    answer = {"role": "assistant", "content": "A", "reasoning_content": "R", "reasoning": "R"}
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "probe", "arguments": {"x": "1"}}}]}  # fmt: skip
+    texts = [
+        render_jinja_template([[question, answer]], chat_template=template)[0][0],
+        render_jinja_template([[question]], chat_template=template, add_generation_prompt=True)[0][0],
+        render_jinja_template([[question, call]], tools=[tool], chat_template=template)[0][0],
+    ]
+    return "".join(texts)
+
+
+def template_parsers(directory: Path | None) -> dict[str, str | None] | None:
+    """The parser flags for what the directory's chat template renders: a reasoning parser only for a template
+    that opens a reasoning block, a tool-call parser for the format it writes calls in (none for another format);
+    None when there is no template here, or it does not render (the family's defaults then)."""
+    template = chat_template(directory) if directory is not None else None
+    if template is None:
+        return None
+    try:
+        text = _rendered(template)
+    except Exception:  # a template that needs more than this conversation: the family's defaults
+        return None
+    flags: dict[str, str | None] = {}
+    reasoning = next((parser for marker, parser in REASONING_PARSERS if marker in text), None)
+    if reasoning:
+        flags["--reasoning-parser"] = reasoning
+    tools = next((parser for marker, parser in TOOL_CALL_PARSERS if marker in text), None)
+    if tools:
+        flags.update({"--tool-call-parser": tools, "--enable-auto-tool-choice": None})
+    return flags
+
+
+def _with_defaults(flags: list[str], defaults: dict[str, str | None]) -> list[str]:
+    """The defaults the settings do not set. A parser set to false (--no-<flag>, which vLLM does not know) is
+    turned off: neither passed nor defaulted (no tool-call parser: no automatic tool choice either)."""
+    turned_off = {flag for flag in PARSER_FLAGS if f"--no-{flag[2:]}" in flags}
+    if "--tool-call-parser" in turned_off:
+        turned_off.add("--enable-auto-tool-choice")
+    flags = [flag for flag in flags if not (flag.startswith("--no-") and f"--{flag[5:]}" in turned_off)]
+    for flag, value in defaults.items():
+        if flag not in flags and flag not in turned_off:
+            flags += [flag] if value is None else [flag, value]
+    return flags
+
+
 def command(env: dict[str, str]) -> list[str]:
     """vLLM's command line: `vllm serve MODEL --host ... --port ... FLAGS`."""
     root = Path(env.get("SM_MODEL_DIR", "/opt/ml/model"))
@@ -136,8 +211,10 @@ def command(env: dict[str, str]) -> list[str]:
     base = env.get("SM_VLLM_BASE_MODEL")
     adapter = root / "adapter"
     model_type = ""
+    template_dir: Path | None = None  # where the served model's chat template is, when it is here
     if base and (adapter / "adapter_config.json").is_file():
         model = base
+        template_dir = adapter  # training saves the tokenizer beside the adapter
         name = env.get("SM_VLLM_ADAPTER_NAME") or "adapter"  # requests select it by this name
         rank = max(_adapter_rank(adapter), int(env.get(RANK) or 1))
         flags += [*_lora_flags(env, flags, rank), "--lora-modules", f"{name}={adapter}"]
@@ -148,11 +225,17 @@ def command(env: dict[str, str]) -> list[str]:
         path = model_path(root)
         model = str(path)
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
-    for family_type, (marker, defaults) in FAMILY_DEFAULTS.items():
-        if model_type == family_type or marker in model.lower():
-            for flag, value in defaults.items():
-                if flag not in flags:
-                    flags += [flag] if value is None else [flag, value]
+        template_dir = path
+    if base and Path(base, "config.json").is_file():  # a base on a path here says what it is
+        model_type = json.loads(Path(base, "config.json").read_text()).get("model_type", "")
+        template_dir = template_dir or Path(base)
+    defaults: dict[str, str | None] = {}
+    for family_type, (marker, family_defaults) in FAMILY_DEFAULTS.items():
+        if model_type == family_type or (not model_type and marker in model.lower()):
+            from_template = template_parsers(template_dir) if family_type in TEMPLATE_FAMILIES else None
+            defaults = family_defaults if from_template is None else from_template
+            break
+    flags = _with_defaults(flags, defaults)
     host, port = env.get("SM_VLLM_HOST", "0.0.0.0"), env.get("SM_VLLM_PORT", "8080")
     return ["vllm", "serve", model, "--host", host, "--port", port, *flags]
 

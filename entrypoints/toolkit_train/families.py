@@ -42,7 +42,10 @@ class ModelFamily:
     packed_mxfp4: bool = False  # its MXFP4 checkpoints can keep the experts packed (model.experts: mxfp4)
     lora_serving_needs_gpu: bool = False  # vLLM's LoRA kernels for its layers (MoE) exist only on a GPU
     # vLLM flags it is served with by default; containers/serving/serve.py holds the image's copy (no toolkit
-    # code runs in the serving image) and a test ties the two
+    # code runs in the serving image) and a test ties the two. A template family's model is served with the
+    # parsers its own chat template calls for where the template is at hand (serve.py's template_parsers: a Qwen3
+    # variant that never opens <think> gets no reasoning parser; Coder's XML tool calls, qwen3_coder); these are
+    # the fallback (a base component's adapters arrive at run time)
     vllm_defaults: dict[str, str | None] = field(default_factory=dict)
 
     def holds(self, model_id: str) -> bool:

