@@ -670,9 +670,11 @@ def serve_local_until_stopped(
 ) -> None:
     """`toolkit deploy --target local`: `serve_local`'s server for its whole life, in the foreground. Starts it,
     waits until it answers, refuses a served prompt that is not training's (`prompt_drift`: the server is stopped,
-    `PromptDrift`, exit 1), calls `on_serving(server)` and serves until interrupted (KeyboardInterrupt: stopped,
-    returns). A server that dies is stopped and raises `DeployError` naming how it ended and why; an interrupt
-    before it serves stops it and goes on. `phase(what)`: a context manager around each wait (a status display)
+    `PromptDrift`, exit 1) and replies its parsers do not split as the model writes them (a chat-template family's
+    parse probe, toolkit/deploy/probe.py: `ParsedWrong`, exit 1, naming the serving.vllm_args to set), calls
+    `on_serving(server)` and serves until interrupted (KeyboardInterrupt: stopped, returns). A server that dies is
+    stopped and raises `DeployError` naming how it ended and why; an interrupt before it serves stops it and goes
+    on. `phase(what)`: a context manager around each wait (a status display)
     that yields a callback for progress lines; `on_note`: what starting did besides starting (LocalServer.serve)."""
     from toolkit.deploy.local import LocalServer, quietly
     from toolkit.deploy.local import model_dir as local_model_dir
@@ -684,4 +686,19 @@ def serve_local_until_stopped(
     rendering = trained_rendering(cfg)  # before vLLM starts: a tokenizer that cannot be loaded is said first
     server = LocalServer(cfg, served, port)
     drift = None if rendering is None else lambda url: _drift(cfg, rendering, url)
-    server.serve(drift, phase or quietly, on_note, on_serving)
+    server.serve(drift, phase or quietly, on_note, on_serving, probe=_parse_probe(cfg))
+
+
+def _parse_probe(cfg: Config) -> Callable[[str], None] | None:
+    """Deploy's parse probe for the config's model (toolkit/deploy/probe.py); None for harmony, whose parsers are
+    gpt-oss's own."""
+    from toolkit.deploy import probe
+
+    if cfg.model.family.chat_format == "harmony":
+        return None
+
+    def check(url: str) -> None:
+        client = chat_client(cfg, "local", url)
+        probe.check(client.send, client.model)
+
+    return check

@@ -41,6 +41,11 @@ class ModelFamily:
     fused_experts: bool = False  # the toolkit's fused MoE experts apply (toolkit_train/moe.py)
     packed_mxfp4: bool = False  # its MXFP4 checkpoints can keep the experts packed (model.experts: mxfp4)
     lora_serving_needs_gpu: bool = False  # vLLM's LoRA kernels for its layers (MoE) exist only on a GPU
+    # vLLM 0.32 loads an adapter with expert LoRA (lora.target_parameters, or all-linear through peft's MoE
+    # conversion) for it; False: its MoE layer there takes 2-D expert weights and refuses the 3-D expert adapter
+    # (the way around needs an engine flag and a per-request setting that neither --lora-modules nor SageMaker's
+    # adapter registration sends), so only the merged model serves such a fine-tune
+    serves_expert_adapters: bool = True
     # vLLM flags it is served with by default; containers/serving/serve.py holds the image's copy (no toolkit
     # code runs in the serving image) and a test ties the two. A template family's model is served with the
     # parsers its own chat template calls for where the template is at hand (serve.py's template_parsers: a Qwen3
@@ -111,6 +116,7 @@ QWEN3_MOE = ModelFamily(
     all_linear_reaches_experts=True,  # peft 0.21: the router's weight, gate_up_proj at 2r, down_proj
     decoder_layer="Qwen3MoeDecoderLayer",
     lora_serving_needs_gpu=True,
+    serves_expert_adapters=False,
     vllm_defaults=QWEN3_VLLM,
 )  # Qwen3-30B-A3B, Qwen3-235B-A22B: transformers' experts (the fused and packed paths are gpt-oss's, measured there)
 GENERIC = ModelFamily(name="causal LM")

@@ -35,6 +35,9 @@ RECIPE: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "seed": 0,
     "template": 1,  # the template's version (CHAT_TEMPLATE): a change rebuilds the model
+    # the sampling a request without its own gets (generation_config.json, which vLLM applies): greedy, as the tiny
+    # gpt-oss's and as the eval decodes; at vLLM's own 1.0 a model this small writes tags into its answer
+    "generation_defaults": {"do_sample": True, "temperature": 0.0},
     # pre-training on tiny_corpus's conversations (tiny_model.pretraining_conversations), every token, all weights
     "pretrain_text": "tiny_corpus conversations in this template",
     "pretrain_conversations": 1000,
@@ -166,7 +169,8 @@ def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, ex
     _pretrain(model, tokenizer, recipe)
     model.save_pretrained(out)
     eos = [tokenizer.convert_tokens_to_ids(token) for token in ("<|im_end|>", "<|endoftext|>")]
-    GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+    GenerationConfig(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+                     **recipe["generation_defaults"]).save_pretrained(out)  # fmt: skip
     tokenizer.save_pretrained(out)
 
 

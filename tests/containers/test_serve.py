@@ -184,8 +184,10 @@ VARIANT_PARSERS = {
 }
 # what each variant writes (a reasoning block or none; a tool call in its format) and how it must come back
 VARIANT_REPLIES = {
-    "qwen3": ("<think>\nIt rains there.\n</think>\n\nIt is raining.", "\nIt rains there.\n", "\n\nIt is raining.", []),
-    "qwen3-thinking-2507": ("It rains there.\n</think>\n\nIt is raining.", "It rains there.\n", "\n\nIt is raining.", []),
+    "qwen3": ("<think>\nIt rains there.\n</think>\n\nIt is raining.", "\nIt rains there.\n", "\n\nIt is raining.",
+              []),
+    "qwen3-thinking-2507": ("It rains there.\n</think>\n\nIt is raining.", "It rains there.\n",
+                            "\n\nIt is raining.", []),
     "qwen3-instruct-2507": (
         'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         None, "Checking.\n", [["get_weather", {"city": "Paris"}]],
@@ -256,7 +258,10 @@ def test_each_variants_reply_comes_back_split_by_vllms_parsers_as_served(tmp_pat
     cases, expected = [], []
     for variant, (output, reasoning, content, calls) in VARIANT_REPLIES.items():
         argv = serve.command({"SM_MODEL_DIR": str(variant_model(tmp_path / variant, variant))})
-        cases += [{"output": output, "flags": served_parsers(argv)}, {"output": output, "flags": VARIANT_PARSERS["qwen3"]}]
+        cases += [
+            {"output": output, "flags": served_parsers(argv)},
+            {"output": output, "flags": VARIANT_PARSERS["qwen3"]},
+        ]
         expected.append({"reasoning": reasoning, "content": content, "calls": calls})
     script = Path(__file__).parent / "vllm_parsers.py"
     result = subprocess.run([python, str(script), str(tiny_qwen3_path), json.dumps(cases)], capture_output=True,

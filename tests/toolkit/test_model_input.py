@@ -94,3 +94,17 @@ def test_a_qwen3_training_job_is_a_valid_request_the_entrypoint_reads_as_qwen3(t
     assert settings.model.id == "builtin:tiny-qwen3" and settings.model.family.name == "qwen3"
     assert settings.model.family.chat_format == "template"
     assert list(tmp_path.iterdir()) == [], "a dry run creates nothing"
+
+
+def test_a_qwen3_moe_expert_adapter_served_as_an_adapter_is_refused_and_merged_is_named(tmp_path):
+    """Issue #66: vLLM 0.32's Qwen3-MoE layer takes 2-D expert weights and refuses a 3-D expert adapter; the
+    deploy would fail on the endpoint after the instance started. Said at validation, with the setting that serves."""
+    expert_lora = ["--set", "lora.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]",
+                   "--set", "lora.dropout=0", "--set", "serving.weights=adapter"]  # fmt: skip
+    refused(
+        toolkit("config", "validate", "tiny-qwen3-moe-local", *expert_lora, cwd=tmp_path),
+        "serving.weights: adapter: vLLM 0.32 cannot load a qwen3-moe adapter that adapts the experts",
+        "serve the merged model (serving.weights: merged",
+    )
+    merged = toolkit("config", "validate", "tiny-qwen3-moe-local", *expert_lora[:4], cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr

@@ -24,7 +24,7 @@ FIELDS_CHECKED = {  # every ModelFamily field, and the test below that shows the
     "name", "chat_format", "model_type", "id_marker", "id_excludes", "id_requires", "example_id", "lora_modules",
     "expert_parameters", "all_linear_reaches_experts",
     "attention_kernels", "attention_reason", "decoder_layer", "fused_experts", "packed_mxfp4", "lora_serving_needs_gpu",
-    "vllm_defaults",
+    "vllm_defaults", "serves_expert_adapters",
 }  # fmt: skip
 
 
@@ -171,6 +171,23 @@ def test_lora_serving_needs_gpu_is_what_local_deploy_refuses_on_a_cpu(tmp_path):
         (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": hub_id(family)}))
         assert _adapter_family(adapter.parent) is family
     assert _adapter_family(tmp_path / "no-adapter") is None
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.expert_parameters], ids=lambda f: f.name)
+def test_an_expert_adapter_served_as_an_adapter_is_refused_where_vllm_cannot_load_it(family):
+    from pydantic import ValidationError
+
+    from toolkit.config import Config
+
+    config = {"name": "experts", "model": {"id": hub_id(family)}, "data": DATA,
+              "lora": {"target_parameters": list(family.expert_parameters), "dropout": 0},
+              "serving": {"weights": "adapter"}}  # fmt: skip
+    if family.serves_expert_adapters:
+        Config.model_validate(config)
+    else:
+        with pytest.raises(ValidationError, match="serve the merged model"):
+            Config.model_validate(config)
+    Config.model_validate({**config, "serving": {"weights": "merged"}})
 
 
 def test_the_serving_image_copy_of_the_vllm_defaults_is_the_records():

@@ -219,7 +219,7 @@ def invoke(
     for said in (markup_note(reply), ended_early) if not as_json else ():  # the JSON carries both itself
         if said:
             err.print(said, style="yellow", highlight=False, markup=False)
-    problems = reply_problems(reply) if check else []
+    problems = reply_problems(reply, harmony=cfg.model.family.chat_format == "harmony") if check else []
     if check and ended_early:
         problems.insert(0, f"was {ended_early}")
     if problems:

@@ -373,6 +373,18 @@ class Config(TrainSettings):
         return self
 
     @model_validator(mode="after")
+    def _adapter_is_servable(self) -> Config:
+        """An expert-LoRA adapter of a family whose vLLM MoE layer cannot load one is served merged only."""
+        family = self.model.family  # (all-linear on such a family is refused or named per module already)
+        if self.serving.weights == "adapter" and self.lora.target_parameters and not family.serves_expert_adapters:
+            raise ValueError(
+                f"serving.weights: adapter: vLLM 0.32 cannot load a {family.name} adapter that adapts the experts "
+                "(lora.target_parameters); serve the merged model (serving.weights: merged, "
+                "training.merge_adapter: true), or remove lora.target_parameters"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tensor_parallel_divides_the_heads(self) -> Config:
         shape, tp = MODELS.get(self.model.id), self.serving.tensor_parallel_size
         if shape is None or tp is None:

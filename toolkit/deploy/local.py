@@ -22,7 +22,7 @@ from toolkit_train.layout import RunTree
 
 from toolkit.config import Config
 from toolkit.config.targets import run_home
-from toolkit.deploy import DeployError, DeployInputError, vllm_environment
+from toolkit.deploy import DeployError, DeployInputError, Refused, vllm_environment
 from toolkit.deploy.client import ping
 from toolkit.deploy.parity import PromptDrift
 from toolkit.resources import SERVING_CONTEXT
@@ -270,6 +270,7 @@ class LocalServer:
         on_note: Callable[[str], None] | None = None,
         on_serving: Callable[[LocalServer], None] | None = None,
         timeout: float = 600,
+        probe: Callable[[str], None] | None = None,
     ) -> None:
         """A server's whole life in the foreground (`toolkit deploy --target local`): start, wait until it answers,
         check the served prompt, then serve until interrupted. Every way it ends stops the server:
@@ -277,6 +278,7 @@ class LocalServer:
         - interrupted (KeyboardInterrupt) before it serves: stopped, and the interrupt goes on;
         - `drift(url)` (the served prompt against training's, `sdk.prompt_drift`) names differences: stopped,
           `PromptDrift` (exit 1); the server dying during the check is said as its death (`DeployError`);
+        - `probe(url)` (the parse probe, toolkit/deploy/probe.py) raises `ParsedWrong`: stopped, the same way;
         - serving: `on_serving(self)`, then an interrupt stops it and returns; the server dying on its own stops
           what is left of it and raises `DeployError` saying how it ended and why (its log's cause).
 
@@ -293,6 +295,8 @@ class LocalServer:
             raise
         if drift is not None:  # the served prompt must be the trained prompt (tools, multi-turn, effort)
             self.refuse_drift(drift, phase)
+        if probe is not None:  # and the served replies split as the model writes them
+            self.refuse_on(probe, "checking that vLLM's parsers split the model's replies ...", phase)
         try:
             (on_serving or (lambda _: None))(self)
         except KeyboardInterrupt:
@@ -301,13 +305,29 @@ class LocalServer:
         self.wait_stopped()
 
     def refuse_drift(self, drift: Callable[[str], list[str]], phase: Phase = quietly) -> None:
-        """Stop the server and raise `PromptDrift` when `drift(url)` names a difference from training's prompt. A
-        check that fails or is interrupted stops the server; when the server died meanwhile (it is reaped a moment
-        after its socket closes), that death is the error (`DeployError`), as when it dies while serving."""
+        """Stop the server and raise `PromptDrift` when `drift(url)` names a difference from training's prompt."""
+
+        def check(url: str) -> None:
+            problems = drift(url)
+            if problems:
+                raise PromptDrift(
+                    f"the served prompt is not the trained prompt: {'; '.join(problems[:3])}. Serve with the pinned "
+                    "vLLM (scripts/env.sh, the serving image) or retrain with this toolkit's rendering"
+                )
+
+        self.refuse_on(check, "checking that vLLM renders prompts as training did ...", phase)
+
+    def refuse_on(self, check: Callable[[str], None], what: str, phase: Phase = quietly) -> None:
+        """Run `check(url)` on the serving server: one that raises stops the server (as does an interrupt); when
+        the server died meanwhile (it is reaped a moment after its socket closes), that death is the error
+        (`DeployError`), as when it dies while serving."""
         assert self.process is not None, "start() the server first"
         try:
-            with phase("checking that vLLM renders prompts as training did ..."):
-                problems = drift(self.url)
+            with phase(what):
+                check(self.url)
+        except Refused:  # the check's verdict on a server that answered
+            self.stop()
+            raise
         except (KeyboardInterrupt, Exception):
             deadline = time.monotonic() + 10
             while (died := self.process.poll()) is None and time.monotonic() < deadline:
@@ -316,12 +336,6 @@ class LocalServer:
             if died is not None:
                 raise DeployError(self.ended(died)) from None
             raise
-        if problems:
-            self.stop()
-            raise PromptDrift(
-                f"the served prompt is not the trained prompt: {'; '.join(problems[:3])}. Serve with the pinned "
-                "vLLM (scripts/env.sh, the serving image) or retrain with this toolkit's rendering"
-            )
 
     def wait_stopped(self) -> None:
         """Serve until interrupted (KeyboardInterrupt: the server is stopped and this returns); a server that ends

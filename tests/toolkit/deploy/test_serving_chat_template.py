@@ -60,6 +60,7 @@ def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deploy
     family record's defaults, through the serving image's copy), and deploy checked the served prompts first."""
     cfg, _, shown, cwd = deployed
     assert "checking that vLLM renders prompts as training did" in shown, shown
+    assert "checking that vLLM's parsers split the model's replies" in shown, shown  # the parse probe passed
     log = (cwd / "runs" / cfg.name / "serve.log").read_text()
     command = next(line for line in log.splitlines() if line.startswith("serve: vllm serve ")).split()
     assert command[3].endswith("/model/merged"), command
@@ -125,3 +126,70 @@ def test_a_reply_with_tools_is_parsed_by_the_familys_tool_parser(deployed):
     assert reply.finish_reason in ("stop", "tool_calls"), reply
     assert not [p for p in reply_problems(reply) if "tags" in p or "special tokens" in p], reply
     assert reply.tool_calls or reply.content.strip(), reply
+
+
+def test_the_parse_probe_passes_the_served_model_and_names_the_setting_when_the_reasoning_is_left_in_the_text(deployed):
+    """Deploy's parse probe (toolkit/deploy/probe.py) finds the served replies split. The same server asked with
+    Qwen3's `enable_thinking: false` (vLLM's Qwen3 parser then reads no reasoning: as a model served without a
+    reasoning parser) returns the dense model's <think> block as text (greedy: it writes one after the template's
+    empty block; the MoE fine-tune answers without one), and the probe names the setting in one line."""
+    from toolkit.deploy import probe
+
+    cfg, url, *_ = deployed
+    client = toolkit.sdk.chat_client(cfg, url=url)
+    assert probe.parse_problems(client.send, client.model) == []
+    if cfg.model.family.model_type != "qwen3":
+        return
+
+    def parser_off(body: dict) -> dict:
+        return client.send({**body, "chat_template_kwargs": {"enable_thinking": False}})
+
+    with pytest.raises(probe.ParsedWrong) as refused:
+        probe.check(parser_off, client.model)
+    message = str(refused.value)
+    assert "\n" not in message and "<think>" in message, message
+    assert "set serving.vllm_args: {reasoning-parser: qwen3" in message, message
+
+
+def test_a_request_without_temperature_gets_the_tiny_models_greedy_default(deployed):
+    """A client that sends no temperature gets the model's generation_config.json (greedy on the tiny Qwen3s, as on
+    the tiny gpt-oss), not vLLM's 1.0, under which a model this small wrote <tool_call> into its answer."""
+    import openai
+
+    cfg, url, *_ = deployed
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+
+    def ask(**extra) -> dict:
+        reply = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=48, **extra)
+        return reply.choices[0].message.model_dump()
+
+    greedy = ask(temperature=0)
+    assert ask() == greedy and ask() == greedy
+
+
+def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_and_is_left_out_of_the_text(deployed):
+    """vLLM's semantics for a chat-template family, as docs/serving.md states them (gpt-oss's differ: there the
+    string stays in the text): matched over the whole generation, the reasoning included; the reply ends at the
+    first match, which is left out (as OpenAI does); `stop_reason` names it. A match in the reasoning: no answer."""
+    import openai
+
+    cfg, url, *_ = deployed
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+
+    def ask(**extra):
+        reply = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=96, temperature=0,
+                                               **extra).choices[0]  # fmt: skip
+        return reply, reply.message.model_dump()
+
+    _, free = ask()
+    reasoning, answer = free["reasoning"], free["content"]
+    assert reasoning and answer, free
+    words = [word.strip(".,") for word in reasoning.split()]
+    in_reasoning = next(w for w in words[len(words) // 2 :] if len(w) >= 4 and reasoning.count(w) == 1)
+    stopped, message = ask(stop=[in_reasoning])
+    assert (stopped.finish_reason, stopped.model_extra.get("stop_reason")) == ("stop", in_reasoning)
+    assert message["reasoning"] == reasoning[: reasoning.index(in_reasoning)] and not message["content"]
+    in_answer = next(word.strip(".,") for word in answer.split() if word.strip(".,") not in reasoning)
+    stopped, message = ask(stop=[in_answer])
+    assert stopped.finish_reason == "stop" and message["reasoning"] == reasoning
+    assert message["content"] == answer[: answer.index(in_answer)]
