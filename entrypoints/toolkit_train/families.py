@@ -1,8 +1,9 @@
 """Model families: what the toolkit knows about an architecture, one record each, so that the code asks a
 record's fields instead of branching on a model's name.
 
-A model belongs to a family by a checkpoint directory's `config.json` `model_type`, or, for a hub id (or a path
-not here), by the family's marker in its name; every other causal LM is the generic family, which constrains
+A model belongs to a family by its `config.json` `model_type` where one is on this machine (a checkpoint
+directory, or a hub id downloaded before, in the Hugging Face cache), else, for a hub id (or a path not here), by
+the family's marker in its name; every other causal LM is the generic family, which constrains
 nothing the toolkit cannot check (and has no chat format: training it is refused). Adding an architecture means
 adding a record here (tests/toolkit_train/test_families.py runs every field of every record through the code that
 reads it, and fails when a name check appears outside this module).
@@ -124,12 +125,31 @@ FAMILIES = (GPT_OSS, QWEN3, QWEN3_MOE)  # every family but the generic one
 
 
 def local_model_type(model_id: str) -> str | None:
-    """`model_type` of a checkpoint directory on this machine (its config.json); None for hub ids and for paths
-    that exist only where the job runs (e.g. a cluster's /fsx)."""
+    """`model_type` of a checkpoint on this machine: a directory's config.json, or a hub id's in the Hugging Face
+    cache (a model downloaded before: read offline, never fetched); None for anything else, and for paths that exist
+    only where the job runs (e.g. a cluster's /fsx)."""
+    config = Path(model_id).expanduser() / "config.json"
+    if not config.is_file():
+        config = _cached_hub_config(model_id) or config
     try:
-        return json.loads((Path(model_id).expanduser() / "config.json").read_text()).get("model_type")
+        return json.loads(config.read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _cached_hub_config(model_id: str) -> Path | None:
+    """A hub model's config.json in the local Hugging Face cache (its main revision), if it was downloaded."""
+    if model_id.count("/") != 1 or ":" in model_id:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache  # not in `pip install .` without extras: name-only then
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # not a valid repo id: the name decides
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 def family_of(model_id: str) -> ModelFamily:

@@ -266,6 +266,22 @@ class DataSettings(StrictModel):
         held_out = self.eval.source if self.eval is not None else None
         return {"train": self.source, **({"eval": held_out} if held_out else {})}
 
+    @model_validator(mode="after")
+    def _held_out_is_not_the_training_data(self) -> DataSettings:
+        """data.eval.source naming data.source's own split: every held-out row is trained on, and the eval measures
+        memory, not the skill (`toolkit eval`'s interval would look like learning)."""
+        held_out = self.eval.source if self.eval is not None else None
+        if held_out is None or self.eval is None:
+            return self
+        same = held_out.strip().rstrip("/") == self.source.strip().rstrip("/")
+        if same and (self.eval.split or self.split) == self.split:
+            raise ValueError(
+                f"data.eval.source is data.source ({self.source}, split {self.split}): its rows are trained on, so "
+                "they are not held out; set data.eval.split to another split of it (e.g. test), name another source, "
+                "or hold out part of data.source with data.eval.fraction instead"
+            )
+        return self
+
     @field_validator("source")
     @classmethod
     def _names_something(cls, value: str) -> str:

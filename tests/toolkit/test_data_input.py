@@ -90,3 +90,17 @@ def test_a_pipe_is_refused_plainly(tmp_path):
     os.mkfifo(tmp_path / "rows.jsonl")
     result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
     refused(result, "rows.jsonl: not a regular file or directory")
+
+
+def test_held_out_rows_that_are_the_training_rows_are_refused_and_another_split_is_not(tmp_path):
+    """data.eval.source naming data.source (same split): every 'held-out' row would be trained on, and `toolkit eval`
+    would score memory as skill. One line naming both and what to set; another split of the same source is fine."""
+    same = ["--set", f"data.eval.source={SAMPLE_DATASET}", "--set", "data.eval.fraction=null"]
+    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *same, cwd=tmp_path),
+            f"data.eval.source is data.source ({SAMPLE_DATASET}, split train): its rows are trained on",
+            "set data.eval.split to another split of it")  # fmt: skip
+    hub = ["--set", "data.source=acme/chats", "--set", "data.eval.source=acme/chats", "--set", "data.eval.fraction=null"]
+    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *hub, cwd=tmp_path), "data.eval.source is data.source")
+    other_split = toolkit("config", "validate", "tiny-gpt-oss-local", *hub, "--set", "data.eval.split=test",
+                          cwd=tmp_path)  # fmt: skip
+    assert other_split.returncode == 0, other_split.stdout + other_split.stderr

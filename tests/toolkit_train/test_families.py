@@ -280,3 +280,24 @@ def test_a_new_family_is_a_record_and_nothing_else(monkeypatch, tmp_path):
     dataset = prepare(rows, tokenizer, config.data, chat_format=chat_format_of(config.model))
     trained = tokenizer.decode([t for t in dataset[0]["labels"] if t != IGNORE_INDEX])
     assert trained.startswith("<think>") and trained.endswith(f"{rows[0]['final']}<|im_end|>")
+
+
+def test_a_hub_model_downloaded_before_is_told_by_its_config_not_its_name(tmp_path, monkeypatch):
+    """A hub id in the Hugging Face cache is what its config.json says (read offline): a fine-tune named without the
+    family's marker is found, and a name that carries a marker but another architecture is not claimed by it."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+
+    def cached(model_id: str, model_type: str) -> None:
+        repo = tmp_path / ("models--" + model_id.replace("/", "--"))
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("abc123")
+        (repo / "snapshots" / "abc123").mkdir(parents=True)
+        (repo / "snapshots" / "abc123" / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+    cached("acme/support-bot-v2", "qwen3_moe")
+    cached("acme/qwen3-style-llama", "llama")
+    assert family_of("acme/support-bot-v2").name == "qwen3-moe"
+    assert family_of("acme/qwen3-style-llama") is GENERIC
+    assert family_of("acme/never-downloaded") is GENERIC and family_of("acme/qwen3-8b-never-downloaded").name == "qwen3"
