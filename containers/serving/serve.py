@@ -12,7 +12,8 @@ Settings: SM_VLLM_<FLAG>=value becomes --<flag> value (SM_VLLM_TENSOR_PARALLEL_S
 allows. A model family's flags come by default (its reasoning and tool-call parsers: gpt-oss's, Qwen3's); a family
 whose variants differ (Qwen3: thinking, Instruct-2507 without a reasoning block, Coder's XML tool calls) gets the
 parsers for what the model's own chat template renders (`template_parsers`), where the template is here (the model
-directory, the adapter's tokenizer). SM_VLLM_REASONING_PARSER=false (or TOOL_CALL_PARSER) turns a default parser off.
+directory, the adapter's tokenizer). SM_VLLM_REASONING_PARSER=false (or TOOL_CALL_PARSER) turns a default parser
+off. hermes is served by the image's own version (toolkit_parsers.py: a streamed reply equal to the whole one).
 Exit code 2 with a message when the model directory is missing, empty or unreadable.
 """
 
@@ -52,6 +53,10 @@ TEMPLATE_FAMILIES = ("qwen3", "qwen3_moe")
 REASONING_PARSERS = (("<think>", "qwen3"),)
 TOOL_CALL_PARSERS = (("<function=", "qwen3_coder"), ("<tool_call>", "hermes"))
 PARSER_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice")
+# vLLM parsers served by the image's own version of them (toolkit_parsers.py, a --tool-parser-plugin beside this
+# script): hermes streamed a second </think> as answer text that the whole reply drops
+OWN_PARSERS = {"hermes": "toolkit_hermes"}
+PARSER_PLUGIN = Path(__file__).resolve().parent / "toolkit_parsers.py"
 
 
 # A base read from the hub (an adapter's base component) may be gated: the deployment names the Secrets Manager
@@ -204,6 +209,17 @@ def _with_defaults(flags: list[str], defaults: dict[str, str | None]) -> list[st
     return flags
 
 
+def _with_own_parsers(flags: list[str]) -> list[str]:
+    """A tool-call parser the image has its own version of (OWN_PARSERS) is served by it, through its plugin (not
+    where the settings name a plugin of their own: vLLM loads one)."""
+    if "--tool-call-parser" not in flags or "--tool-parser-plugin" in flags:
+        return flags
+    at = flags.index("--tool-call-parser") + 1
+    if at >= len(flags) or flags[at] not in OWN_PARSERS:
+        return flags
+    return [*flags[:at], OWN_PARSERS[flags[at]], *flags[at + 1 :], "--tool-parser-plugin", str(PARSER_PLUGIN)]
+
+
 def command(env: dict[str, str]) -> list[str]:
     """vLLM's command line: `vllm serve MODEL --host ... --port ... FLAGS`."""
     root = Path(env.get("SM_MODEL_DIR", "/opt/ml/model"))
@@ -235,7 +251,7 @@ def command(env: dict[str, str]) -> list[str]:
             from_template = template_parsers(template_dir) if family_type in TEMPLATE_FAMILIES else None
             defaults = family_defaults if from_template is None else from_template
             break
-    flags = _with_defaults(flags, defaults)
+    flags = _with_own_parsers(_with_defaults(flags, defaults))
     host, port = env.get("SM_VLLM_HOST", "0.0.0.0"), env.get("SM_VLLM_PORT", "8080")
     return ["vllm", "serve", model, "--host", host, "--port", port, *flags]
 

@@ -171,17 +171,27 @@ def test_the_dockerfile_extends_vllms_image_as_its_python_is_laid_out():
     assert installs and all(line.startswith("uv pip install --system") for line in installs), installs
     assert not any("python3 -m pip" in line or line.startswith("pip ") for line in steps)
     assert 'ENTRYPOINT ["python3", "/opt/toolkit/serve.py"]' in steps
+    # the parser plugin serve.py passes vLLM lies beside it in the image
+    assert f"COPY {serve.PARSER_PLUGIN.name} /opt/toolkit/{serve.PARSER_PLUGIN.name}" in steps
 
 
 VARIANTS = Path(__file__).parent / "variant_templates"
 TINY_QWEN3_TEMPLATE = SERVE.parents[2] / "entrypoints" / "toolkit_train" / "templates" / "tiny-qwen3.jinja"
 # a Qwen3 variant's template (tests/containers/variant_templates, tiny-qwen3's = Qwen3's own) -> the parsers served
+HERMES = [
+    "--tool-call-parser",
+    "toolkit_hermes",
+    "--enable-auto-tool-choice",
+    "--tool-parser-plugin",
+    str(serve.PARSER_PLUGIN),
+]  # hermes, served by the image's own version (toolkit_parsers.py)
 VARIANT_PARSERS = {
-    "qwen3": ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
-    "qwen3-thinking-2507": ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
-    "qwen3-instruct-2507": ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"],
+    "qwen3": ["--reasoning-parser", "qwen3", *HERMES],
+    "qwen3-thinking-2507": ["--reasoning-parser", "qwen3", *HERMES],
+    "qwen3-instruct-2507": HERMES,
     "qwen3-coder": ["--tool-call-parser", "qwen3_coder", "--enable-auto-tool-choice"],
 }
+OLD_DEFAULTS = ["--reasoning-parser", "qwen3", "--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
 # what each variant writes (a reasoning block or none; a tool call in its format) and how it must come back
 VARIANT_REPLIES = {
     "qwen3": ("<think>\nIt rains there.\n</think>\n\nIt is raining.", "\nIt rains there.\n", "\n\nIt is raining.",
@@ -207,7 +217,7 @@ def variant_model(tmp_path, variant: str, model_type: str = "qwen3_moe") -> Path
 
 
 def served_parsers(argv: list[str]) -> list[str]:
-    keep = [i for i, arg in enumerate(argv) if arg in serve.PARSER_FLAGS]
+    keep = [i for i, arg in enumerate(argv) if arg in (*serve.PARSER_FLAGS, "--tool-parser-plugin")]
     return [arg for i in keep for arg in argv[i : i + (1 if argv[i] == "--enable-auto-tool-choice" else 2)]]
 
 
@@ -240,6 +250,7 @@ def test_a_parser_set_to_false_is_neither_passed_nor_defaulted(tmp_path):
     assert served_parsers(off) == VARIANT_PARSERS["qwen3-instruct-2507"] and "--no-reasoning-parser" not in off
     off = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_TOOL_CALL_PARSER": "false"})
     assert served_parsers(off) == ["--reasoning-parser", "qwen3"] and "--no-tool-call-parser" not in off
+    assert "--tool-parser-plugin" not in off
     chosen = serve.command({"SM_MODEL_DIR": str(root), "SM_VLLM_TOOL_CALL_PARSER": "qwen3_xml"})
     assert chosen.count("--tool-call-parser") == 1 and "--tool-call-parser qwen3_xml" in " ".join(chosen)
 
@@ -260,7 +271,7 @@ def test_each_variants_reply_comes_back_split_by_vllms_parsers_as_served(tmp_pat
         argv = serve.command({"SM_MODEL_DIR": str(variant_model(tmp_path / variant, variant))})
         cases += [
             {"output": output, "flags": served_parsers(argv)},
-            {"output": output, "flags": VARIANT_PARSERS["qwen3"]},
+            {"output": output, "flags": OLD_DEFAULTS},
         ]
         expected.append({"reasoning": reasoning, "content": content, "calls": calls})
     script = Path(__file__).parent / "vllm_parsers.py"

@@ -23,6 +23,9 @@ def main() -> None:
     from vllm.tool_parsers import ToolParserManager
 
     tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+    plugins = {flag(case["flags"], "--tool-parser-plugin") for case in json.loads(sys.argv[2])} - {None}
+    for plugin in plugins:  # the serving image's own parsers, registered as vLLM's server registers them
+        ToolParserManager.import_tool_parser(plugin)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], tools=tools)

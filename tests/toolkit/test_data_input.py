@@ -99,7 +99,14 @@ def test_held_out_rows_that_are_the_training_rows_are_refused_and_another_split_
     refused(toolkit("config", "validate", "tiny-gpt-oss-local", *same, cwd=tmp_path),
             f"data.eval.source is data.source ({SAMPLE_DATASET}, split train): its rows are trained on",
             "set data.eval.split to another split of it")  # fmt: skip
-    hub = ["--set", "data.source=acme/chats", "--set", "data.eval.source=acme/chats", "--set", "data.eval.fraction=null"]
+    hub = [
+        "--set",
+        "data.source=acme/chats",
+        "--set",
+        "data.eval.source=acme/chats",
+        "--set",
+        "data.eval.fraction=null",
+    ]
     refused(toolkit("config", "validate", "tiny-gpt-oss-local", *hub, cwd=tmp_path), "data.eval.source is data.source")
     other_split = toolkit("config", "validate", "tiny-gpt-oss-local", *hub, "--set", "data.eval.split=test",
                           cwd=tmp_path)  # fmt: skip

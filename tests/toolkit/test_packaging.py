@@ -55,6 +55,7 @@ def test_the_wheel_owns_only_the_toolkit_import_name(wheel):
         "toolkit_train/samples/multilingual-thinking.jsonl",
         "toolkit/resources/containers/serving/Dockerfile",
         "toolkit/resources/containers/serving/serve.py",
+        "toolkit/resources/containers/serving/toolkit_parsers.py",
         "toolkit/resources/containers/training/Dockerfile",
         "toolkit/resources/containers/training/check_base.py",
         "toolkit_train/requirements-mlflow.txt",

@@ -56,8 +56,9 @@ def deployed(request, tmp_path_factory):
 
 
 def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deployed):
-    """The served model is the merged fine-tune, with vLLM's Qwen3 reasoning parser and hermes tool-call parser (the
-    family record's defaults, through the serving image's copy), and deploy checked the served prompts first."""
+    """The served model is the merged fine-tune, with vLLM's Qwen3 reasoning parser and hermes tool-call parser (what
+    its Qwen3 template renders; hermes as the serving image's own version, toolkit_parsers.py), and deploy checked
+    the served prompts and the parsed replies first."""
     cfg, _, shown, cwd = deployed
     assert "checking that vLLM renders prompts as training did" in shown, shown
     assert "checking that vLLM's parsers split the model's replies" in shown, shown  # the parse probe passed
@@ -66,7 +67,7 @@ def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deploy
     assert command[3].endswith("/model/merged"), command
     served = json.loads((Path(command[3]) / "config.json").read_text())["model_type"]
     assert served == cfg.model.family.model_type, (served, cfg.model.family.name)  # qwen3 / qwen3_moe
-    for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "hermes")):
+    for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "toolkit_hermes")):
         assert command[command.index(flag) + 1] == value, command
     assert "--enable-auto-tool-choice" in command
 
@@ -193,3 +194,40 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_and_is_left_out_
     stopped, message = ask(stop=[in_answer])
     assert stopped.finish_reason == "stop" and message["reasoning"] == reasoning
     assert message["content"] == answer[: answer.index(in_answer)]
+
+
+def test_a_streamed_reply_with_tools_is_the_whole_reply(deployed):
+    """With the official openai client, sampled (temperature 1, seeded): streamed and whole replies to a request with
+    tools give the same reasoning, answer and tool calls. vLLM 0.32's hermes parser streamed a second </think> the
+    model writes (after its reasoning ended) as answer text, which the whole reply drops; the serving image's own
+    hermes (containers/serving/toolkit_parsers.py) drops it in both. The dense fine-tune writes such a second
+    </think> for some of these seeds (its raw completion shows it), so the comparison covers that case."""
+    import openai
+
+    cfg, url, *_ = deployed
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    messages = [{"role": "system", "content": "Answer in French."},
+                {"role": "user", "content": "What is the weather in Paris right now?"}]  # fmt: skip
+    _, tokenizer = toolkit.sdk.trained_rendering(cfg)  # type: ignore[misc]
+    prompt = tokenizer.apply_chat_template(messages, tools=[weather], tokenize=False, add_generation_prompt=True)
+    second_think_end = 0
+    for seed in range(8):
+        ask = {"model": cfg.name, "messages": messages, "tools": [weather], "max_tokens": 60, "temperature": 1.0,
+               "seed": seed}  # fmt: skip
+        whole = client.chat.completions.create(**ask).choices[0].message
+        reasoning, content, calls = "", "", []
+        for chunk in client.chat.completions.create(stream=True, **ask):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None:
+                reasoning += getattr(delta, "reasoning", None) or ""
+                content += delta.content or ""
+                calls += [call.function.name for call in delta.tool_calls or [] if call.function and call.function.name]
+        streamed = (reasoning, content, calls)
+        assert streamed == (whole.reasoning or "", whole.content or "",  # type: ignore[attr-defined]
+                            [call.function.name for call in whole.tool_calls or []]), seed  # fmt: skip
+        raw = client.completions.create(model=cfg.name, prompt=prompt, max_tokens=60, temperature=1.0, seed=seed)
+        second_think_end += raw.choices[0].text.count("</think>") >= 2
+    if cfg.model.family.model_type == "qwen3":
+        assert second_think_end, "no seed wrote a second </think>: the case this guards is not covered"
