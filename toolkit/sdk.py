@@ -541,18 +541,7 @@ def evaluate(
 
     from toolkit.deploy import DeployInputError
     from toolkit.deploy.local import model_dir as trained_dir
-    from toolkit.evaluate import (
-        SERVING,
-        EvalInputError,
-        as_trained,
-        eval_dir,
-        evaluate_endpoints,
-        evaluate_local,
-        require_held_out,
-        scored_model,
-    )
-    from toolkit.evaluate.benchmarks import parse_tasks
-    from toolkit.evaluate.report import GENERATED, build, clear, write
+    from toolkit.evaluate import EvalInputError, as_trained, only_eval_of_its_run, require_held_out
 
     cfg = _as_config(config, overrides)
     require_trainable(cfg)  # the held-out rows (and a DPO run's pairs) are what training rendered and held out
@@ -574,17 +563,33 @@ def evaluate(
         if note and on_status:
             on_status(note)
     require_held_out(cfg)
+    if target == "endpoint" and not candidate_endpoint:
+        raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
+    if target not in ("local", "endpoint"):
+        raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
+    with only_eval_of_its_run(cfg):  # a second eval of this run is refused before it clears the first's report
+        return _evaluate(cfg, target, run, scored_run, model_dir, candidate_endpoint, limit, max_tokens, concurrency,
+                         tasks, on_row, on_status)  # fmt: skip
+
+
+def _evaluate(cfg: Config, target: str, run: dict[str, Any] | None, scored_run: str | None,
+              model_dir: str | Path | None, candidate_endpoint: str | None, limit: int | None, max_tokens: int,
+              concurrency: int, tasks: Any, on_row: Any, on_status: Any) -> dict[str, Any]:  # fmt: skip
+    """`evaluate` once its inputs are checked and the run's eval lock is held."""
+    from toolkit.deploy.local import model_dir as trained_dir
+    from toolkit.evaluate import SERVING, eval_dir, evaluate_endpoints, evaluate_local, scored_model
+    from toolkit.evaluate.benchmarks import parse_tasks
+    from toolkit.evaluate.report import GENERATED, build, clear, write
+
+    pairs = cfg.training.method == "dpo"
     if target == "endpoint":
-        if not candidate_endpoint:
-            raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
+        assert candidate_endpoint is not None
         clear(eval_dir(cfg))
         results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
                                              on_status)  # fmt: skip
         report = build(results, baseline=SERVING, scored_model=scored)
         _judge_by_gate(cfg, report)
         return {**report, "written": write(report, eval_dir(cfg))}
-    if target != "local":
-        raise EvalInputError(f"--target {target}: toolkit eval generates through local or endpoint")
     directory = trained_dir(cfg, model_dir)
     names = parse_tasks(tasks if isinstance(tasks, str) or tasks is None else list(tasks))
     clear(eval_dir(cfg))

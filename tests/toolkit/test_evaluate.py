@@ -126,3 +126,38 @@ def test_format_checks_and_the_interval():
     assert not runaway("one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen 16")
     low, high = bootstrap_interval([0.1, 0.2, 0.3, 0.4])
     assert 0.1 <= low < 0.25 < high <= 0.4 and bootstrap_interval([1.0]) is None
+
+
+def test_a_second_eval_of_one_run_is_refused_naming_the_first_and_changes_nothing(tmp_path):
+    """Issue #68: the second eval used to clear the first's report files, then refuse at its vLLM server's port
+    with advice to kill the first eval's own CLI. Now the run's eval lock (held by the first eval's process, freed
+    by the OS however it ends) refuses it before anything is touched, naming that process. No engine needed: the
+    holder is a real second process holding the lock as an eval does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    held_out = ["eval", "tiny-gpt-oss-local", "--set", "data.eval.fraction=0.2"]
+    report = tmp_path / "runs" / "tiny-gpt-oss-local" / "eval" / "report.md"
+    report.parent.mkdir(parents=True)
+    report.write_text("the first eval's report\n")
+    hold = ("import sys, time, toolkit; from toolkit.evaluate import only_eval_of_its_run\n"
+            "with only_eval_of_its_run(toolkit.load_config('tiny-gpt-oss-local')):\n"
+            "    print('held', flush=True); time.sleep(300)\n")  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-c", hold], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "held"
+        second = subprocess.run([sys.executable, "-m", "toolkit.cli", *held_out], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=300)  # fmt: skip
+        said = second.stdout + second.stderr
+        assert second.returncode == 2 and "Traceback" not in said, said
+        assert f"an eval of tiny-gpt-oss-local is already running (process {first.pid})" in said, said
+        assert "nothing was changed" in said and report.read_text() == "the first eval's report\n"
+    finally:
+        os.kill(first.pid, signal.SIGKILL)  # an eval killed outright: the OS frees its lock
+        first.wait()
+    third = subprocess.run([sys.executable, "-m", "toolkit.cli", *held_out], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert "already running" not in third.stdout + third.stderr  # past the lock: no trained model here (exit 2)
+    assert third.returncode == 2 and "no trained model" in third.stdout + third.stderr, third.stdout + third.stderr

@@ -198,6 +198,33 @@ def served_models(config: Config, model_dir: Path | None = None) -> list[tuple[s
     return [("base", base), ("fine-tuned", trained)]
 
 
+@contextmanager
+def only_eval_of_its_run(config: Config) -> Iterator[None]:
+    """Held while an eval of this config runs (an OS lock on runs/<name>/eval.lock, released when the process ends,
+    however it ends). A second eval of the same run is refused before it touches anything (the first one's
+    report files, its servers), naming the process that runs the first."""
+    import fcntl
+    import os
+
+    lock_path = eval_dir(config).with_name("eval.lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            raise EvalInputError(
+                f"an eval of {config.name} is already running (process {holder}): wait for it to finish (its report "
+                f"goes to {eval_dir(config)}), or stop it with Ctrl-C where it runs; nothing was changed"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
 def eval_dir(config: Config) -> Path:
     """Where `toolkit eval` writes its report (runs/<name>/eval/) and `toolkit register` looks for it."""
     from toolkit.config.targets import run_home
