@@ -18,7 +18,6 @@ the adapter directory of the training output is packed once into `{prefix}/adapt
 
 from __future__ import annotations
 
-import hashlib
 import math
 import tarfile
 import tempfile
@@ -26,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from toolkit import aws
+from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.config.names import sagemaker_name_problem
 from toolkit.deploy import DeployError, DeployInputError, Refused, vllm_environment
@@ -164,7 +163,7 @@ class AdapterEndpoints(Endpoints):
         aws.require(self.config.aws, "bucket")
         assert self.config.aws.bucket is not None  # required just above
         source = model_data if model_data.rstrip("/").endswith("/adapter") else f"{model_data}adapter/"
-        key = f"{self.config.aws.prefix}/adapters/{self.config.name}/{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+        key = f"{self.config.aws.prefix}/adapters/{self.config.name}/{digest.of_bytes(source.encode())}"
         url = f"s3://{self.config.aws.bucket}/{key}/{ARCHIVE}"
         if self._archived(self.config.aws.bucket, f"{key}/{ARCHIVE}"):
             return url, None
