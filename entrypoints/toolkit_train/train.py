@@ -16,6 +16,7 @@ completed run does nothing. The adapter and the merged model appear under their 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -150,10 +151,28 @@ def publish(partial: Path, out: Path) -> None:
 
 
 def write_whole(out: Path, write) -> None:
-    """Write a directory under a temporary name and rename it: `out` is either absent or complete."""
+    """Write a directory under a temporary name and rename it: `out` is either absent or complete. A disk that
+    fills meanwhile is said as `out` running out of space (the writers' wrappers lose the file name: safetensors
+    reports the run directory's parent, or nothing)."""
     partial = partial_dir(out)
-    write(partial)
+    try:
+        write(partial)
+    except Exception as exc:
+        if _disk_full(exc, partial):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from exc
+        raise
     publish(partial, out)
+
+
+def _disk_full(exc: BaseException, written: Path) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    with contextlib.suppress(OSError):  # wrapped beyond recognition: the disk itself says
+        return shutil.disk_usage(written.parent).free < 16 * 2**20
+    return False
 
 
 def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Path, data_stats: dict) -> int:
@@ -488,8 +507,6 @@ def failure_reason(exc: BaseException, paths: Paths) -> str:
 
 def out_of_space(exc: BaseException, paths: Paths) -> str | None:
     """The path whose write ran out of space, when that is what failed."""
-    import errno
-
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:

@@ -285,3 +285,37 @@ def test_sigterm_to_pid1_reaches_the_ranks_through_the_relay(tmp_path):
     assert "stopped by SIGTERM" in output
     checkpoints = list((relayed / "checkpoints").glob("checkpoint-*"))
     assert len(checkpoints) == 1, output[-3000:]
+
+
+def test_a_disk_that_fills_while_the_merge_is_written_names_model_merged(tmp_path):
+    """Issue #68: a full disk during the merge named the run directory (safetensors' error carries no file name).
+    A real full disk (a 1 MiB tmpfs, as root) under a real safetensors save through write_whole: the failure line
+    names model/merged, and nothing is published under that name."""
+    import subprocess
+
+    import torch
+    from safetensors.torch import save_file
+    from toolkit_train.layout import Paths
+    from toolkit_train.train import failure_reason, write_whole
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        root = mount / "run"
+        paths = Paths(root=root, model_dir=root / "model", checkpoints=root / "checkpoints",
+                      train_channel=root / "input", output_data=root / "output")  # fmt: skip
+        paths.model_dir.mkdir(parents=True)
+
+        def merge(out):
+            out.mkdir(parents=True)
+            save_file({"weight": torch.randn(1024, 1024)}, str(out / "model.safetensors"))  # 4 MiB: does not fit
+
+        with pytest.raises(OSError) as raised:
+            write_whole(paths.model_dir / "merged", merge)
+        line = failure_reason(raised.value, paths)
+        assert line.startswith(f"out of disk space writing {paths.model_dir / 'merged'}:"), line
+        assert not (paths.model_dir / "merged").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
