@@ -91,6 +91,9 @@ GPT_OSS = ModelFamily(
 # Qwen3-MoE hub ids carry dense Qwen3's marker too, and name their active parameters (Qwen3-30B-A3B,
 # Qwen3-235B-A22B, Qwen3-Coder-30B-A3B-Instruct) or say "moe"
 QWEN3_MOE_IDS = r"-a\d+(\.\d+)?b\b|-moe\b"
+# Other architectures whose hub ids carry the marker too: vision-language (Qwen3-VL, config qwen3_vl[_moe]), Qwen3-Next
+# (qwen3_next: hybrid attention), Qwen3-Omni: neither record holds them (they are not guessed as dense or MoE Qwen3)
+OTHER_QWEN3_IDS = r"qwen3-?(vl|next|omni)\b"
 # vLLM 0.32's parsers for Qwen3's template: the reasoning in <think>, tool calls as JSON in <tool_call> (hermes)
 QWEN3_VLLM = {"--reasoning-parser": "qwen3", "--tool-call-parser": "hermes", "--enable-auto-tool-choice": None}
 QWEN3 = ModelFamily(
@@ -98,7 +101,7 @@ QWEN3 = ModelFamily(
     chat_format="template",
     model_type="qwen3",
     id_marker="qwen3",
-    id_excludes=QWEN3_MOE_IDS,
+    id_excludes=f"{QWEN3_MOE_IDS}|{OTHER_QWEN3_IDS}",
     example_id="Qwen/Qwen3-8B",
     lora_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     decoder_layer="Qwen3DecoderLayer",
@@ -109,6 +112,7 @@ QWEN3_MOE = ModelFamily(
     chat_format="template",  # Qwen3's chat template
     model_type="qwen3_moe",
     id_marker="qwen3",
+    id_excludes=OTHER_QWEN3_IDS,
     id_requires=QWEN3_MOE_IDS,
     example_id="Qwen/Qwen3-30B-A3B",
     # attention projections; every layer's MLP is the sparse block (the router `mlp.gate` is no Linear)

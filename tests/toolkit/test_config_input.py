@@ -280,3 +280,21 @@ def test_a_typo_never_suggests_itself():
 
     assert "did you mean 'base'" not in _suggest(["base"])
     assert "did you mean 'r'" in _suggest(["lora", "rr"])
+
+
+def test_an_adapter_above_the_largest_rank_vllm_serves_is_refused_and_the_limit_is_the_images(tmp_path):
+    """Issue #67: a rank checked alone passed; the serving image refused it at start (on the endpoint, after the
+    instance started). The limit is serve.py's table (vLLM 0.32's MaxLoRARanks, tested against the pinned vLLM)."""
+    from toolkit.config.models import VLLM_MAX_LORA_RANK
+
+    assert _serve_module().VLLM_LORA_RANKS[-1] == VLLM_MAX_LORA_RANK
+    high = ["--set", "serving.weights=adapter", "--set", f"lora.r={VLLM_MAX_LORA_RANK + 1}"]
+    result = subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local", *high],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=300)  # fmt: skip
+    said = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert f"the adapter's rank {VLLM_MAX_LORA_RANK + 1} (lora.r, lora.expert_r) is above the largest" in said, said
+    merged = subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local",
+                             "--set", f"lora.r={VLLM_MAX_LORA_RANK + 1}"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)  # fmt: skip
+    assert merged.returncode == 0, merged.stdout + merged.stderr

@@ -68,6 +68,9 @@ def test_qwen3_moe_ids_carry_dense_qwen3s_marker_and_are_told_apart(tmp_path):
     for dense in ("Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-32B",
                   "builtin:tiny-qwen3", "some-org/qwen3-moebius-8b"):  # fmt: skip
         assert family_of(dense) is QWEN3, dense
+    for other in ("Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3-VL-30B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Instruct",
+                  "Qwen/Qwen3-Omni-30B-A3B-Instruct"):  # fmt: skip
+        assert family_of(other) is GENERIC, other  # another architecture: not guessed as either (#67)
     renamed = tmp_path / "Qwen3-30B-A3B-distilled-dense"
     renamed.mkdir()
     (renamed / "config.json").write_text(json.dumps({"model_type": "qwen3"}))

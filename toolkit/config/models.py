@@ -73,6 +73,9 @@ TOOLKIT_VLLM_FLAGS = {
     "gpu-memory-utilization": "set serving.gpu_memory_utilization",
 }
 _FLAG_NAME = re.compile(r"(--)?[A-Za-z0-9][A-Za-z0-9_-]*")
+# The largest --max-lora-rank the pinned vLLM serves (containers/serving/serve.py's VLLM_LORA_RANKS, read from vLLM
+# 0.32's MaxLoRARanks; tests/toolkit/test_config_input.py ties the two): an adapter of a higher rank cannot be served
+VLLM_MAX_LORA_RANK = 512
 
 
 def vllm_flag(key: str) -> str:
@@ -381,6 +384,12 @@ class Config(TrainSettings):
                 f"serving.weights: adapter: vLLM 0.32 cannot load a {family.name} adapter that adapts the experts "
                 "(lora.target_parameters); serve the merged model (serving.weights: merged, "
                 "training.merge_adapter: true), or remove lora.target_parameters"
+            )
+        if self.serving.weights == "adapter" and self.lora.max_rank > VLLM_MAX_LORA_RANK:
+            raise ValueError(
+                f"serving.weights: adapter: the adapter's rank {self.lora.max_rank} (lora.r, lora.expert_r) is above "
+                f"the largest LoRA rank vLLM 0.32 serves ({VLLM_MAX_LORA_RANK}): lower it, or serve the merged model "
+                "(serving.weights: merged)"
             )
         return self
 
