@@ -298,3 +298,26 @@ def test_an_adapter_above_the_largest_rank_vllm_serves_is_refused_and_the_limit_
                              "--set", f"lora.r={VLLM_MAX_LORA_RANK + 1}"], capture_output=True, text=True,
                             cwd=tmp_path, timeout=300)  # fmt: skip
     assert merged.returncode == 0, merged.stdout + merged.stderr
+
+
+@pytest.mark.parametrize(
+    "field, arn",
+    [
+        ("hyperpod.cluster", "arn:aws:sagemaker:us-west-2:123456789012:cluster/abc123"),
+        ("training_job.hf_token_secret", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:hf-token-AbCdEf"),
+        ("serving.hf_token_secret", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:hf-token-AbCdEf"),
+    ],
+)
+def test_an_arn_in_another_region_than_aws_region_is_refused_naming_both(tmp_path, field, arn):
+    """Issue #67: values checked alone, not against the value they must agree with. The toolkit asks for these in
+    aws.region (us-east-1 here); an ARN of another region would not be found there, after launch."""
+    region = arn.split(":")[3]
+    result = subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local",
+                             "--set", f"{field}={arn}"], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)  # fmt: skip
+    refused(result, f"{field}: the ARN is in {region} but aws.region is us-east-1", f"set aws.region: {region}")
+    same = arn.replace(region, "us-east-1")
+    result = subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-gpt-oss-local",
+                             "--set", f"{field}={same}"], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)  # fmt: skip
+    assert "the ARN is in" not in result.stdout + result.stderr

@@ -462,6 +462,23 @@ class Config(TrainSettings):
         return self
 
     @model_validator(mode="after")
+    def _arns_are_in_the_configs_region(self) -> Config:
+        """A setting that may be an ARN is asked for in aws.region (DescribeCluster, GetSecretValue): an ARN of
+        another region is not found there, after a job or an endpoint started."""
+        for field, value in (
+            ("hyperpod.cluster", self.hyperpod.cluster),
+            ("training_job.hf_token_secret", self.training_job.hf_token_secret),
+            ("serving.hf_token_secret", self.serving.hf_token_secret),
+        ):
+            parts = value.split(":") if value and value.startswith("arn:") else []
+            if len(parts) > 4 and parts[3] and parts[3] != self.aws.region:
+                raise ValueError(
+                    f"{field}: the ARN is in {parts[3]} but aws.region is {self.aws.region}, where the toolkit asks "
+                    f"for it: set aws.region: {parts[3]}, or name the resource in {self.aws.region}"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _values_aws_takes(self) -> Config:
         refuse_what_aws_refuses(self)  # the one table from setting to request member (toolkit.config.members)
         return self
