@@ -273,8 +273,19 @@ def run_vllm_cli(argv: list[str]) -> None:
         metadata.version = version  # type: ignore[assignment]
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    _load_own_parsers().drop_repeated_reasoning_end()  # the API server runs in this process
     sys.argv = argv
     vllm_main()
+
+
+def _load_own_parsers():  # type: ignore[no-untyped-def]
+    """toolkit_parsers.py beside this script, as a module of this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("toolkit_parsers", PARSER_PLUGIN)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def main() -> None:

@@ -85,6 +85,26 @@ EXPLICIT_PATH = ("/", "./", "../", "~")  # a model or data source spelled so is 
 NAME_MAX_BYTES = 255  # the longest file name (one path component) Linux file systems and S3 tools take
 
 
+def source_has_splits(source: str | None) -> bool:
+    """Whether a data source may have named splits: a hub dataset or a save_to_disk DatasetDict (a sample, a file or
+    a directory of files is read whole). Where this machine cannot look (s3://, a cluster's path): it may."""
+    if source is None or source in SAMPLES:
+        return source is None
+    path = Path(source).expanduser()
+    if path.is_file():
+        return False
+    return not path.is_dir() or (path / "dataset_dict.json").is_file()
+
+
+def _same_source(one: str, other: str) -> bool:
+    """Two spellings of one data source: the same text, or the same local path (./x and x, x/ and x)."""
+    if one.strip() == other.strip():
+        return True
+    if "://" in one or "://" in other or one.startswith("builtin:") or other.startswith("builtin:"):
+        return one.strip().rstrip("/") == other.strip().rstrip("/")
+    return os.path.abspath(os.path.expanduser(one.strip())) == os.path.abspath(os.path.expanduser(other.strip()))
+
+
 def _nameable(field: str, value: str) -> str:
     """A path, URI or hub id that could name something: no component longer than a file name may be (the OS
     refuses it before anything is read), no control characters (a pasted newline)."""
@@ -273,12 +293,14 @@ class DataSettings(StrictModel):
         held_out = self.eval.source if self.eval is not None else None
         if held_out is None or self.eval is None:
             return self
-        same = held_out.strip().rstrip("/") == self.source.strip().rstrip("/")
-        if same and (self.eval.split or self.split) == self.split:
+        if _same_source(held_out, self.source) and (self.eval.split or self.split) == self.split:
+            other_split = (
+                "set data.eval.split to another split of it (e.g. test), " if source_has_splits(self.source) else ""
+            )
             raise ValueError(
                 f"data.eval.source is data.source ({self.source}, split {self.split}): its rows are trained on, so "
-                "they are not held out; set data.eval.split to another split of it (e.g. test), name another source, "
-                "or hold out part of data.source with data.eval.fraction instead"
+                f"they are not held out; {other_split}name a source of held-out rows, or hold out part of "
+                "data.source with data.eval.fraction instead"
             )
         return self
 

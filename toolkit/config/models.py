@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Literal
 
@@ -83,6 +84,47 @@ def vllm_flag(key: str) -> str:
     return key.removeprefix("--").replace("_", "-").lower()
 
 
+# The parser flags serving.vllm_args may set -> the names the pinned vLLM knows for it (containers/serving/
+# vllm-parsers.json, read from vLLM 0.32 by a test) and what `false` does there
+PARSER_FLAGS = {"reasoning-parser": "reasoning_parsers", "tool-call-parser": "tool_call_parsers"}
+
+
+def _parser_names(kind: str) -> list[str]:
+    import json
+
+    from toolkit.resources import SERVING_CONTEXT
+
+    known = json.loads((SERVING_CONTEXT / "vllm-parsers.json").read_text())
+    return [*known[kind], *known["added_by_the_image"].get(kind, [])]
+
+
+def _parser_problem(key: str, flag: str, value: object) -> str | None:
+    """A parser setting vLLM would refuse at start (after the endpoint's instance started), or that breaks the
+    toolkit's own checks: `true`, an unknown name; no tool-call parser at all (the prompt-parity check and the
+    clients send tools, which vLLM refuses without one)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):  # serve.py reads them as the booleans
+        value = value.lower() == "true"
+    if value is False and flag == "reasoning-parser":
+        return None  # no reasoning parser: the serving image drops the default
+    if value is False:
+        return (
+            f"serving.vllm_args.{key}: false: deploy's prompt-parity check and the toolkit's clients send tools, "
+            "which vLLM refuses without a tool-call parser; name one, e.g. hermes (JSON in <tool_call>) or "
+            "qwen3_coder (XML <function=...>)"
+        )
+    if value is True:
+        return f"serving.vllm_args.{key}: true: --{flag} takes a parser's name (e.g. qwen3, hermes), or false"
+    names = _parser_names(PARSER_FLAGS[flag])
+    if not isinstance(value, str) or value not in names:
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return (
+            f"serving.vllm_args.{key}: {brief(value)} is no {flag.replace('-', ' ')} the pinned vLLM knows: "
+            f"{hint}one of {', '.join(names)}"
+        )
+    return None
+
+
 def _vllm_args_problem(args: object) -> str | None:
     """What is wrong with serving.vllm_args (None: nothing): a key that is no flag name, that names a flag the toolkit
     sets (TOOLKIT_VLLM_FLAGS), or the same flag twice; a value that is not text, a finite number or true/false."""
@@ -105,6 +147,8 @@ def _vllm_args_problem(args: object) -> str | None:
         if flag in seen:
             return f"serving.vllm_args: {seen[flag]!r} and {key!r} are the same flag --{flag}; keep one"
         seen[flag] = key
+        if flag in PARSER_FLAGS and (problem := _parser_problem(key, flag, value)):
+            return problem
         if isinstance(value, float) and not math.isfinite(value):
             return f"serving.vllm_args.{key}: {value} is not a finite number; write a number"
         if not isinstance(value, str | int | float | bool):

@@ -21,12 +21,12 @@ PROBES = (
     {"messages": [{"role": "user", "content": "What is 12 times 3? Answer in one sentence."}]},
     {"messages": [{"role": "user", "content": "What is the weather in Paris right now?"}], "tools": [WEATHER]},
 )
-# a template's tags left in a parsed reply's text -> the vLLM flag whose parser should have taken them apart, and
-# what to set it to (vLLM 0.32's parser names)
+# a template's tags left in a parsed reply's text -> the vLLM flag whose parser should have taken them apart, the
+# value to set (a vLLM 0.32 parser name, pasteable) and what that parser reads
 LEFT_IN_TEXT = (
-    (re.compile(r"</?think>"), "reasoning-parser", "qwen3 (a <think> block)"),
-    (re.compile(r"<function=[^>\n]*>"), "tool-call-parser", "qwen3_coder (XML <function=...> calls)"),
-    (re.compile(r"</?tool_call>"), "tool-call-parser", "hermes (JSON in <tool_call>) or qwen3_coder (XML)"),
+    (re.compile(r"</?think>"), "reasoning-parser", "qwen3", "a <think> block"),
+    (re.compile(r"<function=[^>\n]*>"), "tool-call-parser", "qwen3_coder", "XML <function=...> calls"),
+    (re.compile(r"</?tool_call>"), "tool-call-parser", "hermes", "JSON in <tool_call>; qwen3_coder reads XML"),
 )
 
 
@@ -34,17 +34,18 @@ class ParsedWrong(Refused):
     """A served reply did not come back split as the model wrote it (exit 1): the message names the setting."""
 
 
-def parser_problems(reply: ChatReply) -> list[str]:
-    """What in one parsed reply shows a parser that does not fit the model's output."""
-    problems: list[str] = []
+def parser_problems(reply: ChatReply) -> dict[str, str]:
+    """What in one parsed reply shows a parser that does not fit the model's output, by the flag to set."""
+    problems: dict[str, str] = {}
     text = reply.reasoning + reply.content
-    for tags, flag, fits in LEFT_IN_TEXT:
+    for tags, flag, value, reads in LEFT_IN_TEXT:
         found = sorted(set(tags.findall(text)))
-        if found and not any(flag in problem for problem in problems):
-            problems.append(f"the reply shows {' '.join(found)} as text: set serving.vllm_args: {{{flag}: {fits}}}")
+        if found and flag not in problems:
+            problems[flag] = (f"the reply shows {' '.join(found)} as text: set serving.vllm_args: "
+                              f"{{{flag}: {value}}} ({reads})")  # fmt: skip
     whole_as_reasoning = reply.finish_reason == "stop" and reply.reasoning.strip() and not reply.content.strip()
-    if whole_as_reasoning and not reply.tool_calls:
-        problems.append(
+    if whole_as_reasoning and not reply.tool_calls and "reasoning-parser" not in problems:
+        problems["reasoning-parser"] = (
             "the whole reply came back as reasoning, with no answer: the model writes no reasoning block the "
             "reasoning parser waits for; set serving.vllm_args: {reasoning-parser: false}"
         )
@@ -52,14 +53,13 @@ def parser_problems(reply: ChatReply) -> list[str]:
 
 
 def parse_problems(send: Callable[[dict], dict], model: str) -> list[str]:
-    """What the probe's replies show (none: every reply came back split)."""
-    problems: list[str] = []
+    """What the probe's replies show, one line per setting (none: every reply came back split)."""
+    problems: dict[str, str] = {}
     for probe in PROBES:
         body = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0, **probe}
-        for problem in parser_problems(reply_from(send(body))):
-            if problem not in problems:
-                problems.append(problem)
-    return problems
+        for flag, problem in parser_problems(reply_from(send(body))).items():
+            problems.setdefault(flag, problem)
+    return list(problems.values())
 
 
 def check(send: Callable[[dict], dict], model: str) -> None:

@@ -26,21 +26,21 @@ def reply(content: str = "", reasoning: str = "", finish: str = "stop", calls: l
     ],
 )
 def test_a_reply_split_as_the_model_wrote_it_passes(parsed):
-    assert parser_problems(parsed) == []
+    assert parser_problems(parsed) == {}
 
 
 @pytest.mark.parametrize(
     "parsed, says",
     [
         (reply("", "It is raining."), "{reasoning-parser: false}"),  # Instruct-2507 under the qwen3 parser
-        (reply("<think>\nIt rains.\n</think>\n\nIt is raining."), "{reasoning-parser: qwen3"),  # no parser
+        (reply("<think>\nIt rains.\n</think>\n\nIt is raining."), "{reasoning-parser: qwen3} ("),  # no parser
         (reply("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
-               "</tool_call>"), "{tool-call-parser: qwen3_coder"),  # Coder's XML under hermes
-        (reply('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'), "{tool-call-parser: hermes"),
+               "</tool_call>"), "{tool-call-parser: qwen3_coder} ("),  # Coder's XML under hermes
+        (reply('<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'), "{tool-call-parser: hermes} ("),
     ],
 )  # fmt: skip
 def test_a_reply_a_parser_did_not_take_apart_names_the_setting(parsed, says):
-    problems = parser_problems(parsed)
+    problems = list(parser_problems(parsed).values())
     assert len(problems) == 1 and says in problems[0], problems
 
 

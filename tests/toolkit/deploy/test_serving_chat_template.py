@@ -149,7 +149,7 @@ def test_the_parse_probe_passes_the_served_model_and_names_the_setting_when_the_
         probe.check(parser_off, client.model)
     message = str(refused.value)
     assert "\n" not in message and "<think>" in message, message
-    assert "set serving.vllm_args: {reasoning-parser: qwen3" in message, message
+    assert message.count("set serving.vllm_args: {reasoning-parser: qwen3} (a <think> block)") == 1, message
 
 
 def test_a_request_without_temperature_gets_the_tiny_models_greedy_default(deployed):
@@ -196,38 +196,43 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_and_is_left_out_
     assert message["content"] == answer[: answer.index(in_answer)]
 
 
-def test_a_streamed_reply_with_tools_is_the_whole_reply(deployed):
-    """With the official openai client, sampled (temperature 1, seeded): streamed and whole replies to a request with
-    tools give the same reasoning, answer and tool calls. vLLM 0.32's hermes parser streamed a second </think> the
-    model writes (after its reasoning ended) as answer text, which the whole reply drops; the serving image's own
-    hermes (containers/serving/toolkit_parsers.py) drops it in both. The dense fine-tune writes such a second
-    </think> for some of these seeds (its raw completion shows it), so the comparison covers that case."""
+def test_a_streamed_reply_is_the_whole_reply_with_and_without_tools(deployed):
+    """With the official openai client, sampled (temperature 1, seeded): streamed and whole replies give the same
+    reasoning, answer and tool calls, with tools and without. vLLM 0.32 streamed a second </think> the model writes
+    (after its reasoning ended) as answer text, which the whole reply drops: through hermes (tools; the image's own
+    toolkit_hermes drops it) and through the plain answer path (no tools; serve.py's drop_repeated_reasoning_end).
+    The dense fine-tune writes such a second </think> for some of these seeds (its raw completion shows it), so the
+    comparison covers that case."""
     import openai
 
     cfg, url, *_ = deployed
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
-    messages = [{"role": "system", "content": "Answer in French."},
-                {"role": "user", "content": "What is the weather in Paris right now?"}]  # fmt: skip
+    weather_question = [{"role": "system", "content": "Answer in French."},
+                        {"role": "user", "content": "What is the weather in Paris right now?"}]  # fmt: skip
     _, tokenizer = toolkit.sdk.trained_rendering(cfg)  # type: ignore[misc]
-    prompt = tokenizer.apply_chat_template(messages, tools=[weather], tokenize=False, add_generation_prompt=True)
-    second_think_end = 0
-    for seed in range(8):
-        ask = {"model": cfg.name, "messages": messages, "tools": [weather], "max_tokens": 60, "temperature": 1.0,
-               "seed": seed}  # fmt: skip
-        whole = client.chat.completions.create(**ask).choices[0].message
-        reasoning, content, calls = "", "", []
-        for chunk in client.chat.completions.create(stream=True, **ask):
-            delta = chunk.choices[0].delta if chunk.choices else None
-            if delta is not None:
-                reasoning += getattr(delta, "reasoning", None) or ""
-                content += delta.content or ""
-                calls += [call.function.name for call in delta.tool_calls or [] if call.function and call.function.name]
-        streamed = (reasoning, content, calls)
-        assert streamed == (whole.reasoning or "", whole.content or "",  # type: ignore[attr-defined]
-                            [call.function.name for call in whole.tool_calls or []]), seed  # fmt: skip
-        raw = client.completions.create(model=cfg.name, prompt=prompt, max_tokens=60, temperature=1.0, seed=seed)
-        second_think_end += raw.choices[0].text.count("</think>") >= 2
-    if cfg.model.family.model_type == "qwen3":
-        assert second_think_end, "no seed wrote a second </think>: the case this guards is not covered"
+    # (tools, messages, max_tokens): where the dense fine-tune wrote a second </think> for some seeds of 0-7
+    for tools, messages, max_tokens in (([weather], weather_question, 60), (None, QUESTION, 200)):
+        prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        second_think_end = 0
+        for seed in range(8):
+            ask = {"model": cfg.name, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0,
+                   "seed": seed, **({"tools": tools} if tools else {})}  # fmt: skip
+            whole = client.chat.completions.create(**ask).choices[0].message
+            reasoning, content, calls = "", "", []
+            for chunk in client.chat.completions.create(stream=True, **ask):
+                delta = chunk.choices[0].delta if chunk.choices else None
+                if delta is not None:
+                    reasoning += getattr(delta, "reasoning", None) or ""
+                    content += delta.content or ""
+                    calls += [c.function.name for c in delta.tool_calls or [] if c.function and c.function.name]
+            streamed = (reasoning, content, calls)
+            expected = (whole.reasoning or "", whole.content or "",  # type: ignore[attr-defined]
+                        [call.function.name for call in whole.tool_calls or []])  # fmt: skip
+            assert streamed == expected, (bool(tools), seed)
+            raw = client.completions.create(model=cfg.name, prompt=prompt, max_tokens=max_tokens, temperature=1.0,
+                                            seed=seed)  # fmt: skip
+            second_think_end += raw.choices[0].text.count("</think>") >= 2
+        if cfg.model.family.model_type == "qwen3":
+            assert second_think_end, f"no seed wrote a second </think> (tools: {bool(tools)}): the case is not covered"
