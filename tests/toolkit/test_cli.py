@@ -257,3 +257,37 @@ def test_local_deploy_refuses_a_served_prompt_that_is_not_the_trained_one_and_st
     assert not (tmp_path / "runs" / "tiny-gpt-oss-local" / "serve.pid").exists()  # stopped: its record removed
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens any more
+
+
+def test_a_streamed_reply_with_no_answer_ends_its_reasoning_line_before_the_error():
+    """Found by an adversarial try: `invoke --check` on a streamed reply that never opened an answer printed
+    `...reasoning.error: the reply has no answer` on one line (and a cut-off twice, as a note and as the error)."""
+    from http.server import BaseHTTPRequestHandler
+
+    events = [{"choices": [{"delta": {"reasoning_content": "Thinking it over."}, "finish_reason": None}]},
+              {"choices": [{"delta": {}, "finish_reason": "length"}]}]  # fmt: skip
+    stream = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(stream)
+
+        def log_message(self, *args):
+            pass
+
+    server = _serve_in_thread(Handler)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = CliRunner().invoke(app, ["invoke", "tiny-qwen3-local", "Why?", "--url", url, "--max-tokens", "5",
+                                          "--check"])  # fmt: skip
+    finally:
+        server.shutdown()
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0] == "reasoning: Thinking it over.", result.stderr
+    assert lines[1].startswith("error: the reply was cut off at --max-tokens 5"), result.stderr
+    assert result.stderr.count("cut off") == 1 and "has no answer" in result.stderr, result.stderr
+    assert "analysis channel" not in result.stderr and "final channel" not in result.stderr  # Qwen3: no channels

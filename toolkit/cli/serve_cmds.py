@@ -203,12 +203,16 @@ def invoke(
                 out.print(before_markup(reply.content), highlight=False, markup=False)
         else:  # the SDK puts the deltas together and says what to show; tool calls come whole at the end
             streamed = client.stream_reply(messages, max_tokens, temperature, **extra)
+            last = None
             for piece in streamed:
                 console = err if piece.kind == "reasoning" else out
                 if piece.opens:
                     label = "reasoning: " if piece.kind == "reasoning" else "\nanswer: "
                     console.print(f"[dim]{label}[/]", end="")
                 console.print(piece.text, end="", highlight=False, markup=False)
+                last = piece.kind
+            if last == "reasoning":  # no answer came: end the reasoning's line before any note
+                err.print()
             out.print()
             reply = streamed.reply()
             for line in show_tool_calls(reply.tool_calls):
@@ -216,10 +220,12 @@ def invoke(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     ended_early = cut_off(reply.finish_reason, max_tokens)
-    for said in (markup_note(reply), ended_early) if not as_json else ():  # the JSON carries both itself
+    harmony = cfg.model.family.chat_format == "harmony"
+    notes = (markup_note(reply, harmony), None if check else ended_early)  # --check says a cut-off as its error
+    for said in notes if not as_json else ():  # the JSON carries both itself
         if said:
             err.print(said, style="yellow", highlight=False, markup=False)
-    problems = reply_problems(reply, harmony=cfg.model.family.chat_format == "harmony") if check else []
+    problems = reply_problems(reply, harmony=harmony) if check else []
     if check and ended_early:
         problems.insert(0, f"was {ended_early}")
     if problems:

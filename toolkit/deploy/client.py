@@ -162,13 +162,15 @@ def before_markup(text: str) -> str:
     return text if found is None else text[: found.start()]
 
 
-def markup_note(reply: ChatReply) -> str | None:
-    """Why part of a reply was not shown (see before_markup); None when nothing was held back."""
+def markup_note(reply: ChatReply, harmony: bool = True) -> str | None:
+    """Why part of a reply was not shown (see before_markup); None when nothing was held back. `harmony`: the
+    tokens are gpt-oss's harmony markup (else a chat template's special tokens, e.g. ChatML's <|im_start|>)."""
     leaked = sorted(set(SPECIAL_TOKEN.findall(reply.reasoning + reply.content)))
     if not leaked:
         return None
-    return (f"the reply holds raw harmony markup ({' '.join(leaked)}): not shown as text from there on; --json "
-            "shows the reply as the server sent it")  # fmt: skip
+    what = "raw harmony markup" if harmony else "raw special tokens"
+    return (f"the reply holds {what} ({' '.join(leaked)}): not shown as text from there on; --json shows the reply "
+            "as the server sent it")  # fmt: skip
 
 
 def cut_off(finish_reason: str, max_tokens: int) -> str | None:

@@ -21,3 +21,13 @@ def test_text_that_only_looked_like_a_token_is_shown_when_it_is_not_one():
                    Delta("finish", "length"))  # fmt: skip
     assert "".join(text for _, text, _ in pieces) == "if a < b then x <|"  # the tail, once the stream ended
     assert pieces[0] == ("content", "if a ", True)
+
+
+def test_a_chat_templates_special_tokens_are_not_called_harmony_markup():
+    """Found by an adversarial try: a Qwen3 reply holding ChatML's <|im_start|> was said to hold "raw harmony
+    markup"; outside gpt-oss it is a template's special token."""
+    from toolkit.deploy.client import ChatReply, markup_note
+
+    reply = ChatReply("Paris.<|im_start|>user", "", "stop", {})
+    assert "raw harmony markup (<|im_start|>)" in (markup_note(reply) or "")
+    assert "raw special tokens (<|im_start|>)" in (markup_note(reply, harmony=False) or "")
