@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from toolkit_train.families import QWEN3_VLLM  # the parsers of the <think> / <tool_call> family
+
 from toolkit.deploy import Refused
 from toolkit.deploy.client import ChatReply, reply_from
 from toolkit.deploy.parity import WEATHER
@@ -24,7 +26,7 @@ PROBES = (
 # a template's tags left in a parsed reply's text -> the vLLM flag whose parser should have taken them apart, the
 # value to set (a vLLM 0.32 parser name, pasteable) and what that parser reads
 LEFT_IN_TEXT = (
-    (re.compile(r"</?think>"), "reasoning-parser", "qwen3", "a <think> block"),
+    (re.compile(r"</?think>"), "reasoning-parser", QWEN3_VLLM["--reasoning-parser"], "a <think> block"),
     (re.compile(r"<function=[^>\n]*>"), "tool-call-parser", "qwen3_coder", "XML <function=...> calls"),
     (re.compile(r"</?tool_call>"), "tool-call-parser", "hermes", "JSON in <tool_call>; qwen3_coder reads XML"),
 )
