@@ -165,13 +165,23 @@ def write_whole(out: Path, write) -> None:
 
 
 def _disk_full(exc: BaseException, written: Path) -> bool:
+    return _enospc(exc) is not None or _nearly_full(written.parent)
+
+
+def _enospc(exc: BaseException) -> OSError | None:
+    """The out-of-space error behind an exception, through the libraries' wrappers (their causes and contexts)."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    with contextlib.suppress(OSError):  # wrapped beyond recognition: the disk itself says
-        return shutil.disk_usage(written.parent).free < 16 * 2**20
+    return None
+
+
+def _nearly_full(where: Path) -> bool:
+    """A disk with under 16 MiB free: what a failure wrapped beyond recognition there most likely met."""
+    with contextlib.suppress(OSError):
+        return where.exists() and shutil.disk_usage(where).free < 16 * 2**20
     return False
 
 
@@ -507,16 +517,10 @@ def failure_reason(exc: BaseException, paths: Paths) -> str:
 
 def out_of_space(exc: BaseException, paths: Paths) -> str | None:
     """The path whose write ran out of space, when that is what failed."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
-            return str(seen.filename or paths.root)
-        seen = seen.__cause__ or seen.__context__
-    for where in (paths.checkpoints, paths.model_dir):
-        with contextlib.suppress(OSError):
-            if where.exists() and shutil.disk_usage(where).free < 16 * 2**20:  # wrapped beyond recognition
-                return str(where)
-    return None
+    full = _enospc(exc)
+    if full is not None:
+        return str(full.filename or paths.root)
+    return next((str(where) for where in (paths.checkpoints, paths.model_dir) if _nearly_full(where)), None)
 
 
 if __name__ == "__main__":
