@@ -140,18 +140,17 @@ def prepare_data(
 
 
 def require_trainable(cfg: Config) -> None:
-    """Training renders conversations in the family's chat format (toolkit_train/formats.py): a model of a family
-    with none (a causal LM no record claims) is refused before anything is read or launched (deploying an adapter
-    trained elsewhere on it works). A directory that exists only where the job runs is checked there."""
-    from toolkit_train.families import FAMILIES
-    from toolkit_train.formats import for_family
+    """Training renders conversations in the family's chat format (toolkit_train/formats.py): a model rendered
+    through its own chat template whose files here ship none (a base model, not a chat one) is refused before
+    anything is read or launched. A model not on this machine is checked where its tokenizer loads."""
+    from toolkit_train.families import has_chat_template
 
     family = cfg.model.known_family
-    if family is not None and for_family(family) is None:
-        trainable = ", ".join(f"{f.name} ({f.chat_format})" for f in FAMILIES if for_family(f) is not None)
+    if family is not None and family.chat_format == "template" and has_chat_template(cfg.model.id) is False:
         raise errors.BadInput(
-            f"model.id {cfg.model.id}: training renders conversations in a model family's chat format, and this "
-            f"model is of no family it knows; training is built for {trainable}: use a checkpoint of one of them"
+            f"model.id {cfg.model.id}: its tokenizer has no chat template, and training renders conversations with "
+            "the model's own template (a base model rather than its instruct/chat variant?): use a chat model, or "
+            "add a chat_template to its tokenizer_config.json"
         )
 
 
@@ -704,6 +703,6 @@ def _parse_probe(cfg: Config) -> Callable[[str], None] | None:
 
     def check(url: str) -> None:
         client = chat_client(cfg, "local", url)
-        probe.check(client.send, client.model)
+        probe.check(client.send, client.model, tools=cfg.served_parser("tool-call-parser") is not None)
 
     return check

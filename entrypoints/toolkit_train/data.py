@@ -210,15 +210,31 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
     return messages
 
 
-def to_conversation(row: dict[str, Any], fmt: str, default_effort: str = "medium") -> dict[str, Any]:
+def to_conversation(
+    row: dict[str, Any], fmt: str, default_effort: str = "medium", reasoning: str = "keep"
+) -> dict[str, Any]:
     """One row checked (roles, tools, tool calls against their schemas, effort) as {messages, tools, effort}; a
-    preference row as {chosen, rejected}, each the prompt followed by that reply."""
+    preference row as {chosen, rejected}, each the prompt followed by that reply. `reasoning` drop: the assistant
+    messages without their reasoning (data.reasoning)."""
     if fmt == "preference":
-        return to_pair(row, default_effort)
+        pair = to_pair(row, default_effort)
+        return pair if reasoning == "keep" else {key: without_reasoning(one) for key, one in pair.items()}
     messages = to_messages(row, fmt)
     _tool_schemas(row)
     _field_types(messages)
-    return _no_blank_answer(harmony.normalize(row, messages, default_effort))
+    conversation = _no_blank_answer(harmony.normalize(row, messages, default_effort))
+    return conversation if reasoning == "keep" else without_reasoning(conversation)
+
+
+def without_reasoning(conversation: dict[str, Any]) -> dict[str, Any]:
+    """A normalized conversation with no message's reasoning (data.reasoning: drop); ValueError for an assistant
+    message that would be left with nothing (it held reasoning alone)."""
+    messages = [{k: v for k, v in m.items() if k != "thinking"} for m in conversation["messages"]]
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and not (message.get("content") or message.get("tool_calls")):
+            raise ValueError(f"messages[{i}]: the assistant message holds reasoning alone, and data.reasoning: drop "
+                             "leaves it empty; give it an answer or drop the row")  # fmt: skip
+    return {**conversation, "messages": messages}
 
 
 def _field_types(messages: list[Any]) -> None:
@@ -359,7 +375,7 @@ def prepare(
     places = getattr(dataset, "places", None)
     for index, row in enumerate(dataset):
         try:
-            conversation = to_conversation(row, settings.format, settings.reasoning_effort)
+            conversation = to_conversation(row, settings.format, settings.reasoning_effort, settings.reasoning)
             chat_format.validate(conversation, tokenizer)  # a row the family's format can render
             conversations.append(conversation)
             report.count(conversation.get("chosen", conversation))

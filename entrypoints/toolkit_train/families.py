@@ -4,7 +4,8 @@ record's fields instead of branching on a model's name.
 A model belongs to a family by its `config.json` `model_type` where one is on this machine (a checkpoint
 directory, or a hub id downloaded before, in the Hugging Face cache), else, for a hub id (or a path not here), by
 the family's marker in its name; every other causal LM is the generic family, which constrains
-nothing the toolkit cannot check (and has no chat format: training it is refused). Adding an architecture means
+nothing the toolkit cannot check: it trains through the model's own chat template (a tokenizer without one is
+refused when the data is prepared) and is served without reasoning or tool parsers. Adding an architecture means
 adding a record here (tests/toolkit_train/test_families.py runs every field of every record through the code that
 reads it, and fails when a name check appears outside this module).
 """
@@ -124,7 +125,9 @@ QWEN3_MOE = ModelFamily(
     serves_expert_adapters=False,
     vllm_defaults=QWEN3_VLLM,
 )  # Qwen3-30B-A3B, Qwen3-235B-A22B: transformers' experts (the fused and packed paths are gpt-oss's, measured there)
-GENERIC = ModelFamily(name="causal LM")
+# Any other causal LM (Llama, Mistral, Gemma, Phi, ...): rendered with its own chat template, the trained tokens
+# diffed from it (formats.ChatTemplate) and checked against what vLLM serves at deploy; no parsers by default
+GENERIC = ModelFamily(name="causal LM", chat_format="template")
 FAMILIES = (GPT_OSS, QWEN3, QWEN3_MOE)  # every family but the generic one
 
 
@@ -132,17 +135,34 @@ def local_model_type(model_id: str) -> str | None:
     """`model_type` of a checkpoint on this machine: a directory's config.json, or a hub id's in the Hugging Face
     cache (a model downloaded before: read offline, never fetched); None for anything else, and for paths that exist
     only where the job runs (e.g. a cluster's /fsx)."""
-    config = Path(model_id).expanduser() / "config.json"
-    if not config.is_file():
-        config = _cached_hub_config(model_id) or config
     try:
-        return json.loads(config.read_text()).get("model_type")
+        return json.loads(model_file(model_id, "config.json").read_text()).get("model_type")  # type: ignore[union-attr]
     except (OSError, ValueError, AttributeError):
         return None
 
 
-def _cached_hub_config(model_id: str) -> Path | None:
-    """A hub model's config.json in the local Hugging Face cache (its main revision), if it was downloaded."""
+def has_chat_template(model_id: str) -> bool | None:
+    """Whether a model on this machine (a directory, or a hub id in the cache) ships a chat template (its
+    chat_template.jinja, or tokenizer_config.json's chat_template); None where it cannot be told here."""
+    if model_file(model_id, "chat_template.jinja") is not None:
+        return True
+    config = model_file(model_id, "tokenizer_config.json")
+    if config is None:
+        return None
+    try:
+        return bool(json.loads(config.read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def model_file(model_id: str, name: str) -> Path | None:
+    """A model's file on this machine: in its directory, or a hub id's in the Hugging Face cache; None if not here."""
+    here = Path(model_id).expanduser() / name
+    return here if here.is_file() else _cached_hub_file(model_id, name)
+
+
+def _cached_hub_file(model_id: str, name: str) -> Path | None:
+    """A hub model's file in the local Hugging Face cache (its main revision), if it was downloaded."""
     if model_id.count("/") != 1 or ":" in model_id:
         return None
     try:
@@ -150,7 +170,7 @@ def _cached_hub_config(model_id: str) -> Path | None:
     except ImportError:
         return None
     try:
-        found = try_to_load_from_cache(model_id, "config.json")
+        found = try_to_load_from_cache(model_id, name)
     except Exception:  # not a valid repo id: the name decides
         return None
     return Path(found) if isinstance(found, str) else None

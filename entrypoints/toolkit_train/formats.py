@@ -106,14 +106,20 @@ class ChatTemplate(ChatFormat):
         template = tokenizer.chat_template
         return template if isinstance(template, str) else json.dumps(template)
 
-    def messages(self, conversation: dict[str, Any], tokenizer) -> list[dict[str, Any]]:
-        """The conversation as the chat request's messages (OpenAI's shape, with the template's reasoning field;
-        tool-call arguments parsed, as vLLM passes them to a template)."""
+    def reads(self, tokenizer) -> tuple[str | None, bool]:
+        """What the template reads beyond role and content: its reasoning field (None: it has none) and whether
+        it reads tools."""
         template = self._template(tokenizer)
         field = next(
             (name for name in REASONING_FIELDS if re.search(rf"""\.{name}\b|\[["']{name}["']\]""", template)), None
         )
-        if conversation.get("tools") and not re.search(r"\btools\b", template):
+        return field, bool(re.search(r"\btools\b", template))
+
+    def messages(self, conversation: dict[str, Any], tokenizer) -> list[dict[str, Any]]:
+        """The conversation as the chat request's messages (OpenAI's shape, with the template's reasoning field;
+        tool-call arguments parsed, as vLLM passes them to a template)."""
+        field, reads_tools = self.reads(tokenizer)
+        if conversation.get("tools") and not reads_tools:
             raise FormatError(
                 "the model's chat template does not read tools: rows with tools cannot be rendered for it"
             )
@@ -126,8 +132,8 @@ class ChatTemplate(ChatFormat):
                 if field is None:
                     raise FormatError(
                         "the model's chat template has no reasoning field (reasoning_content or thinking): rows with "
-                        "reasoning cannot be rendered for it; drop the reasoning from the rows or use a model whose "
-                        "template reads it"
+                        "reasoning cannot be rendered for it; set data.reasoning: drop to train the answers alone, "
+                        "or use a model whose template reads it"
                     )
                 item[field] = message["thinking"]
             if message.get("tool_calls"):
@@ -141,12 +147,18 @@ class ChatTemplate(ChatFormat):
 
     def validate(self, conversation: dict[str, Any], tokenizer) -> None:
         """Every message's text is in the rendering: a template that renders no message of a role (Qwen3's has no
-        `developer`) would drop it from training and serving alike; the row is refused instead."""
+        `developer`) would drop it from training and serving alike; the row is refused instead, as one the template
+        itself refuses (raise_exception: Gemma's has no tool role)."""
+        from jinja2 import TemplateError
+
         self.check(tokenizer)
         for one in (conversation["chosen"], conversation["rejected"]) if "chosen" in conversation else (conversation,):
-            text = tokenizer.apply_chat_template(
-                self.messages(one, tokenizer), tools=one.get("tools") or None, tokenize=False
-            )
+            try:
+                text = tokenizer.apply_chat_template(
+                    self.messages(one, tokenizer), tools=one.get("tools") or None, tokenize=False
+                )
+            except TemplateError as exc:  # the template's own raise_exception (Gemma's: roles must alternate)
+                raise ValueError(f"the model's chat template refuses this conversation: {exc}") from None
             for i, message in enumerate(one["messages"]):
                 if message["content"].strip() not in text:
                     hint = ": use role system" if message["role"] == "developer" else ""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .settings import (
     BUILTIN_MODELS,
+    TINY_GENERIC,
     TINY_GPT_OSS_MXFP4,
     TINY_GPT_OSS_TOOLS,
     TINY_QWEN3,
@@ -22,6 +23,10 @@ def resolve_model_path(settings: ModelSettings) -> str:
         from .tiny_qwen3 import tiny_qwen3_path
 
         return str(tiny_qwen3_path(moe=settings.id == TINY_QWEN3_MOE))
+    if settings.id in TINY_GENERIC:
+        from .tiny_generic import tiny_generic_path
+
+        return str(tiny_generic_path(settings.id))
     if settings.id in BUILTIN_MODELS:
         from .tiny_model import tiny_gpt_oss_path
 

@@ -23,7 +23,11 @@ TINY_GPT_OSS_MXFP4 = "builtin:tiny-gpt-oss-mxfp4"  # the same model stored as an
 TINY_GPT_OSS_TOOLS = "builtin:tiny-gpt-oss-tools"  # pre-trained on the tool-calling sample too (its tokens)
 TINY_QWEN3 = "builtin:tiny-qwen3"  # a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline (tiny_qwen3.py)
 TINY_QWEN3_MOE = "builtin:tiny-qwen3-moe"  # the same as a Qwen3-MoE: a sparse MLP, 4 experts, top-2 (tiny_qwen3.py)
-BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3, TINY_QWEN3_MOE)
+# causal LMs of no family record, each with its own chat template (tiny_generic.py): the generic template path's models
+TINY_LLAMA = "builtin:tiny-llama"  # LlamaForCausalLM with Llama 3's chat template
+TINY_GEMMA = "builtin:tiny-gemma"  # GemmaForCausalLM with Gemma 3's chat template (the system prompt in the first turn)
+TINY_GENERIC = (TINY_LLAMA, TINY_GEMMA)
+BUILTIN_MODELS = (TINY_GPT_OSS, TINY_GPT_OSS_MXFP4, TINY_GPT_OSS_TOOLS, TINY_QWEN3, TINY_QWEN3_MOE, *TINY_GENERIC)
 SAMPLE_DATASET = "builtin:multilingual-thinking-sample"
 TOOL_SAMPLE_DATASET = "builtin:tool-calling-sample"  # OpenAI chat rows with tools (format: messages)
 PREFERENCE_SAMPLE_DATASET = "builtin:preference-sample"  # the multilingual sample as pairs (format: preference)
@@ -123,12 +127,14 @@ class ModelSettings(StrictModel):
     """The base model to fine-tune."""
 
     id: str = Field(
-        description="Hugging Face hub id or local path of a checkpoint of a family training renders: gpt-oss (harmony) "
-        "or Qwen3, dense or MoE (its own chat template); other models are refused. "
+        description="Hugging Face hub id or local path of a causal LM: gpt-oss (harmony), Qwen3 dense or MoE (its "
+        "own chat template, with the family's serving parsers), or any other causal LM with a chat template (trained "
+        "and served through that template, without reasoning or tool parsers unless serving.vllm_args names them). "
         f"`{TINY_GPT_OSS}` builds a tiny random-weight gpt-oss offline ({TINY_GPT_OSS_MXFP4}: "
         f"the same, stored as MXFP4; {TINY_GPT_OSS_TOOLS}: pre-trained on the tool-calling sample too); "
         f"`{TINY_QWEN3}` a tiny dense Qwen3 with Qwen3's chat template, pre-trained offline on generated conversations "
-        f"({TINY_QWEN3_MOE}: the same as a Qwen3-MoE, 4 experts, top-2)."
+        f"({TINY_QWEN3_MOE}: the same as a Qwen3-MoE, 4 experts, top-2); `{TINY_LLAMA}` and `{TINY_GEMMA}` tiny "
+        "Llama and Gemma models with Llama 3's and Gemma 3's chat templates (no family record: the generic path)."
     )
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         "auto", description="Compute dtype; auto = bfloat16 on GPU, float32 on CPU."
@@ -260,6 +266,13 @@ class DataSettings(StrictModel):
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
     skip_bad_rows: bool = Field(False, description="Skip rows that do not match the schema instead of failing.")
+    reasoning: Literal["keep", "drop"] = Field(
+        "keep",
+        description="The rows' reasoning (the sample's analysis, a message's `reasoning`/`thinking`): keep trains "
+        "the model to write it; drop trains the answers alone, for a model whose chat template has no reasoning "
+        "field (Llama, Gemma, ...: rows with reasoning are refused for it otherwise). The eval then scores no "
+        "reasoning.",
+    )
     reasoning_effort: Literal["low", "medium", "high"] = Field(
         "medium",
         description="The system message's `Reasoning:` level for rows without their own `reasoning_effort` "

@@ -104,7 +104,16 @@ def sample_texts() -> list[str]:
     return texts
 
 
-def build_tokenizer():
+def build_tokenizer(
+    special: tuple[str, ...] = SPECIAL,
+    added: tuple[str, ...] = ADDED,
+    eos: str = "<|im_end|>",
+    pad: str = "<|endoftext|>",
+    bos: str | None = None,
+    template: str = CHAT_TEMPLATE,
+):
+    """The byte-level BPE trained on the bundled samples' text with these special tokens (Qwen3's by default; the
+    tiny generic models give their own: tiny_generic.py) and chat template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -116,19 +125,20 @@ def build_tokenizer():
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=RECIPE["vocab_size"],
-        special_tokens=list(SPECIAL),
+        special_tokens=list(special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     backend.train_from_iterator(sample_texts(), trainer=trainer)
-    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in ADDED])
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in added])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos,
+        pad_token=pad,
+        bos_token=bos,
         model_max_length=RECIPE["max_position_embeddings"],
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = template
     return tokenizer
 
 
@@ -174,16 +184,20 @@ def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, ex
     tokenizer.save_pretrained(out)
 
 
-def _pretrain(model, tokenizer, recipe: dict[str, Any]) -> None:
+def _pretrain(model, tokenizer, recipe: dict[str, Any], reasoning: bool = True) -> None:
     """Next-token training on every token of tiny_corpus's conversations rendered with the chat template (the tiny
-    gpt-oss's loop: `tiny_model._pretrain_on`)."""
+    gpt-oss's loop: `tiny_model._pretrain_on`); without `reasoning`, the conversations' reasoning left out (a
+    template that has no field for it)."""
     import torch
 
+    from .data import without_reasoning
     from .formats import CHAT_TEMPLATE as TEMPLATE_FORMAT
     from .tiny_model import _pretrain_on, _progress, pretraining_conversations
 
     _progress(f"pre-training the tiny {model.config.model_type} ({recipe['pretrain_steps']} steps)")
     conversations = pretraining_conversations(recipe["pretrain_conversations"], recipe["seed"])
+    if not reasoning:
+        conversations = [without_reasoning({"messages": c})["messages"] for c in conversations]
     sequences = [
         torch.tensor(tokenizer.apply_chat_template(TEMPLATE_FORMAT.messages({"messages": c}, tokenizer),
                                                    tokenize=True, return_dict=True)["input_ids"])

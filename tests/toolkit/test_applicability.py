@@ -322,7 +322,7 @@ def _rows_read(config: Config) -> list:
     for part in split_rows(_rows(data.source, data.split), data):
         for row in list(part or [])[:3]:
             try:
-                read.append(to_conversation(row, data.format, data.reasoning_effort))
+                read.append(to_conversation(row, data.format, data.reasoning_effort, data.reasoning))
             except ValueError as exc:
                 read.append(str(exc))
         read.append(len(part or []))
@@ -483,6 +483,7 @@ SECTIONS = {
             "data.overlong": "truncate",
             "data.skip_bad_rows": True,
             "data.reasoning_effort": "high",
+            "data.reasoning": "drop",
             "data.conversation_date": "2027-01-01",
             "data.loss_on": "all",
             "data.eval": {"fraction": 0.5},

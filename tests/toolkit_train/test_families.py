@@ -221,7 +221,7 @@ def test_no_module_branches_on_a_family_name():
 
 def test_the_prompt_parity_check_runs_in_every_familys_chat_format(monkeypatch):
     """Deploy compares the served prompts with training's rendering in the family's format (a template with the
-    model's tokenizer); a causal LM of no family has no trained rendering and is not checked."""
+    model's tokenizer); a causal LM of no family record with its own template, as trained (issue 66)."""
     from toolkit_train.formats import for_family
 
     import toolkit.sdk
@@ -236,17 +236,17 @@ def test_the_prompt_parity_check_runs_in_every_familys_chat_format(monkeypatch):
         chat_format, tokenizer = toolkit.sdk.trained_rendering(config(hub_id(family)))  # type: ignore[misc]
         assert chat_format is for_family(family), family.name
         assert tokenizer == (f"tokenizer of {hub_id(family)}" if chat_format.renders_with_tokenizer else None)
-    assert toolkit.sdk.trained_rendering(config(OTHER)) is None
+    assert toolkit.sdk.trained_rendering(config(OTHER)) == (for_family(GENERIC), f"tokenizer of {OTHER}")
 
 
 def test_every_family_has_a_chat_format_training_renders():
-    """A record names its format (toolkit_train/formats.py); the generic family has none, and training it is refused
-    (toolkit/sdk.py require_trainable: tests/toolkit/test_model_input.py)."""
+    """A record names its format (toolkit_train/formats.py); the generic family renders through the model's own chat
+    template (a model without one is refused: tests/toolkit/test_model_input.py)."""
     from toolkit_train.formats import FORMATS, for_family
 
     for family in FAMILIES:
         assert family.chat_format in FORMATS and for_family(family) is FORMATS[family.chat_format], family.name
-    assert GENERIC.chat_format is None and for_family(GENERIC) is None
+    assert for_family(GENERIC) is FORMATS["template"]
 
 
 def test_a_new_family_is_a_record_and_nothing_else(monkeypatch, tmp_path):

@@ -160,7 +160,9 @@ def invoke(
     check: Annotated[
         bool,
         typer.Option(
-            "--check", help="Exit 1 unless the reply has both a reasoning and an answer part and no special tokens."
+            "--check",
+            help="Exit 1 unless the reply has an answer (and a reasoning part, where the model writes one) and no "
+            "special tokens.",
         ),
     ] = False,
     set_: SetOpt = None,
@@ -225,7 +227,7 @@ def invoke(
     for said in notes if not as_json else ():  # the JSON carries both itself
         if said:
             err.print(said, style="yellow", highlight=False, markup=False)
-    problems = reply_problems(reply, harmony=harmony) if check else []
+    problems = reply_problems(reply, harmony=harmony, reasoning=cfg.writes_reasoning) if check else []
     if check and ended_early:
         problems.insert(0, f"was {ended_early}")
     if problems:

@@ -11,6 +11,7 @@ EVAL_METRICS = {
     "rougeL": "ROUGE-L F1 of the final channel against the reference answer",
     "chrF": "chrF of the final channel against the reference answer (0..1)",
     "reasoning_language": "analysis channel in the requested reasoning language",
-    FORMAT_VALID: "both channels, no special tokens, stop reached, no runaway repetition",
+    FORMAT_VALID: "an answer (and reasoning apart, where the model writes it), no special tokens, stop reached, no "
+    "runaway repetition",
     PREFERENCE_ACCURACY: "held-out pairs (training.method dpo): the chosen reply more likely than the rejected",
 }

@@ -360,6 +360,24 @@ class Config(TrainSettings):
         """The active target's section (`target` picks it)."""
         return getattr(self, TARGET_SETTINGS[self.target].section)
 
+    def served_parser(self, flag: str) -> str | None:
+        """The vLLM parser `flag` (reasoning-parser, tool-call-parser) the model is served with as far as the config
+        tells: serving.vllm_args', else the family's default (a Qwen3 variant's template may change the default in
+        the image: containers/serving/serve.py); None: none (a record-less causal LM by default, or `false`)."""
+        for key, value in self.serving.vllm_args.items():
+            if vllm_flag(key) == flag:
+                return None if str(value).lower() == "false" else str(value)
+        return self.model.family.vllm_defaults.get(f"--{flag}")
+
+    @property
+    def writes_reasoning(self) -> bool:
+        """The served model's replies carry reasoning apart from the answer: gpt-oss's analysis channel, or a
+        template's reasoning block that a reasoning parser takes apart, trained with the rows' reasoning (not
+        data.reasoning: drop). What `toolkit invoke --check` and the eval's format score require."""
+        if self.model.family.chat_format == "harmony":
+            return True
+        return self.data.reasoning == "keep" and self.served_parser("reasoning-parser") is not None
+
     @model_validator(mode="after")
     def _target_needs(self) -> Config:
         missing = self.target_settings().needs(self)

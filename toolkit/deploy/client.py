@@ -136,12 +136,13 @@ PARTIAL_TOKEN = re.compile(r"(<(\|[a-z_0-9]*\|?)?)?$")  # the end of a text that
 TEMPLATE_TAG = re.compile(r"</?(?:think|tool_call|tool_response)>")
 
 
-def reply_problems(reply: ChatReply, harmony: bool = True) -> list[str]:
+def reply_problems(reply: ChatReply, harmony: bool = True, reasoning: bool = True) -> list[str]:
     """What keeps a reply from being an answer with its reasoning shown apart: both parts present (gpt-oss's
     analysis and final channels; a template's <think> and what follows), no raw special tokens or template tags.
-    `harmony`: name the parts by gpt-oss's channels (else by a chat template's reasoning block)."""
+    `harmony`: name the parts by gpt-oss's channels (else by a chat template's reasoning block); `reasoning`: the
+    model writes reasoning (a chat model trained without it, Config.writes_reasoning, answers alone)."""
     problems = []
-    if not reply.reasoning.strip():
+    if reasoning and not reply.reasoning.strip():
         problems.append("has no reasoning" + (" (analysis channel)" if harmony else " (no <think> block came back)"))
     if not reply.content.strip() and not reply.tool_calls:  # a tool call is an answer too (the turn ends there)
         problems.append("has no answer" + (" (final channel)" if harmony else ""))

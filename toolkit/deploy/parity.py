@@ -124,15 +124,36 @@ def generation_points(messages: list[dict]) -> list[int]:
     ]
 
 
-def corpus(chat_format: ChatFormat) -> dict[str, dict[str, Any]]:
+def corpus(chat_format: ChatFormat, tokenizer: Any = None) -> dict[str, dict[str, Any]]:
     """The corpus as requests for this format: a format with no developer role (a chat template) gets the
-    developer prompt as the system message, as its rows are trained (formats.ChatTemplate.validate refuses it)."""
+    developer prompt as the system message, as its rows are trained (formats.ChatTemplate.validate refuses it); a
+    template with no reasoning field gets the rows without reasoning (data.reasoning: drop), and the rows it cannot
+    train are left out (tools it does not read, roles it refuses, a conversation it does not render
+    prefix-preserving): training refuses them too, so no served prompt of theirs was trained."""
     if chat_format.developer_role:
         return CORPUS
-    return {
+    rows = {
         name: {**row, "messages": [dict(m, role="system") if m["role"] == "developer" else m for m in row["messages"]]}
         for name, row in CORPUS.items()
     }
+    if tokenizer is None:
+        return rows
+    from toolkit_train import harmony
+    from toolkit_train.formats import FormatError
+
+    field, _ = chat_format.reads(tokenizer)  # type: ignore[attr-defined]
+    trainable = {}
+    for name, row in rows.items():
+        if field is None:
+            row = {**row, "messages": [{k: v for k, v in m.items() if k != "reasoning"} for m in row["messages"]]}
+        try:
+            conversation = harmony.normalize(row, row["messages"], "medium")
+            chat_format.validate(conversation, tokenizer)
+            chat_format.examples(conversation, tokenizer)
+        except (FormatError, ValueError):
+            continue
+        trainable[f"{name} (no reasoning)" if field is None else name] = row
+    return trainable
 
 
 def request(row: dict, upto: int) -> dict:
@@ -158,7 +179,11 @@ def drift(
     chat_format = chat_format or HARMONY
     today = harmony.conversation_date(date)
     problems = []
-    for name, row in corpus(chat_format).items():
+    rows = corpus(chat_format, tokenizer)
+    if not rows:
+        raise PromptDrift("the model's chat template renders none of the served-prompt check's conversations as "
+                          "training does (each is refused: see toolkit/deploy/parity.py's corpus)")  # fmt: skip
+    for name, row in rows.items():
         conversation = harmony.normalize(row, row["messages"], "medium")
         examples = chat_format.examples(conversation, tokenizer, today)
         for upto in generation_points(row["messages"]):

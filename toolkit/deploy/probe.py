@@ -54,18 +54,19 @@ def parser_problems(reply: ChatReply) -> dict[str, str]:
     return problems
 
 
-def parse_problems(send: Callable[[dict], dict], model: str) -> list[str]:
-    """What the probe's replies show, one line per setting (none: every reply came back split)."""
+def parse_problems(send: Callable[[dict], dict], model: str, tools: bool = True) -> list[str]:
+    """What the probe's replies show, one line per setting (none: every reply came back split). `tools`: the model
+    is served with a tool-call parser (vLLM refuses a request with tools otherwise: the tool probe is not sent)."""
     problems: dict[str, str] = {}
-    for probe in PROBES:
+    for probe in PROBES if tools else [p for p in PROBES if "tools" not in p]:
         body = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0, **probe}
         for flag, problem in parser_problems(reply_from(send(body))).items():
             problems.setdefault(flag, problem)
     return list(problems.values())
 
 
-def check(send: Callable[[dict], dict], model: str) -> None:
+def check(send: Callable[[dict], dict], model: str, tools: bool = True) -> None:
     """Raise `ParsedWrong` naming the setting when a probe reply is not split as the model wrote it."""
-    problems = parse_problems(send, model)
+    problems = parse_problems(send, model, tools)
     if problems:
         raise ParsedWrong("the served replies are not split as the model writes them: " + "; ".join(problems))

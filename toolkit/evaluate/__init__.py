@@ -44,7 +44,8 @@ class EvalRow:
     place: str  # where the row came from ("multilingual-thinking.jsonl line 7", or "row 3")
     messages: list[dict]  # the prompt: everything before the answer to score
     reference: str
-    reasoning_language: str | None
+    reasoning_language: str | None  # None: not scored (none asked, or a model trained without reasoning)
+    reasoning: bool = True  # the model writes reasoning apart from its answer (Config.writes_reasoning)
 
 
 @dataclass
@@ -117,9 +118,10 @@ def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
     rows = []
     for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
         system = " ".join(m["content"] for m in messages[:-1] if m["role"] in ("system", "developer"))
-        language = REASONING_LANGUAGE.search(system)
+        language = REASONING_LANGUAGE.search(system) if config.writes_reasoning else None
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
-        rows.append(EvalRow(where, prompt, messages[-1]["content"], language.group(1).strip() if language else None))
+        rows.append(EvalRow(where, prompt, messages[-1]["content"], language.group(1).strip() if language else None,
+                            config.writes_reasoning))  # fmt: skip
     return rows[:limit] if limit else rows
 
 

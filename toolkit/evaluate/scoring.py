@@ -68,7 +68,7 @@ def runaway(text: str) -> bool:
 def format_problems(generated: Any) -> list[str]:
     """Why a reply is not a well-formed gpt-oss answer (empty: it is one): `toolkit invoke --check`'s problems,
     plus no end of message and runaway repetition."""
-    problems = reply_problems(generated)  # both channels present, no special tokens
+    problems = reply_problems(generated, reasoning=generated.row.reasoning)  # both parts present, no special tokens
     if generated.finish_reason != "stop":
         problems.append(f"stopped by {generated.finish_reason or 'nothing'} (no end of message)")
     if runaway(generated.reasoning) or runaway(generated.content):
