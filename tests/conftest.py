@@ -81,6 +81,15 @@ def tiny_qwen3_moe_path() -> Path:
     return tiny_qwen3_path(moe=True)
 
 
+@pytest.fixture(scope="session", params=["builtin:tiny-llama", "builtin:tiny-gemma"], ids=["llama", "gemma"])
+def tiny_generic_path(request) -> Path:
+    """Each tiny causal LM of no family record (toolkit_train/tiny_generic.py): Llama with Llama 3's chat template,
+    Gemma with Gemma 3's; built once per machine and cached beside the tiny Qwen3."""
+    from toolkit_train.tiny_generic import tiny_generic_path
+
+    return tiny_generic_path(request.param)
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_root_log_handlers():
     """A library run inside a CliRunner call may give the root logger a stream handler bound to that call's captured
