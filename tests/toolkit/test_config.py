@@ -27,9 +27,11 @@ def test_presets_are_the_documented_ones():
         "gpt-oss-20b-lora",
         "qwen3-30b-a3b-lora",
         "qwen3-8b-lora",
+        "tiny-gemma-local",
         "tiny-gpt-oss-dpo",
         "tiny-gpt-oss-local",
         "tiny-gpt-oss-tools-local",
+        "tiny-llama-local",
         "tiny-qwen3-local",
         "tiny-qwen3-moe-local",
     ]
