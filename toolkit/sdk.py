@@ -544,7 +544,7 @@ def evaluate(
 
     cfg = _as_config(config, overrides)
     require_trainable(cfg)  # the held-out rows (and a DPO run's pairs) are what training rendered and held out
-    pairs = cfg.training.method == "dpo"  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
+    pairs = cfg.training.method_record.pairs  # held-out pairs, scored by likelihood (toolkit/evaluate/preference.py)
     if pairs and target == "endpoint":
         raise EvalInputError(
             "--target endpoint: scoring a preference-tuned run's held-out pairs through SageMaker endpoints is not "
@@ -580,7 +580,7 @@ def _evaluate(cfg: Config, target: str, run: dict[str, Any] | None, scored_run: 
     from toolkit.evaluate.benchmarks import parse_tasks
     from toolkit.evaluate.report import GENERATED, build, clear, write
 
-    pairs = cfg.training.method == "dpo"
+    pairs = cfg.training.method_record.pairs
     if target == "endpoint":
         assert candidate_endpoint is not None
         clear(eval_dir(cfg))

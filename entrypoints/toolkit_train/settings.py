@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .families import ModelFamily, family_of, known_family
+from .methods import METHODS, SFT, TrainingMethod, method_named, method_reading
 
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
@@ -402,15 +403,26 @@ class DpoSettings(StrictModel):
 
 
 class TrainingSettings(StrictModel):
-    """The optimisation loop (TRL's SFTTrainer, or its DPOTrainer for training.method dpo)."""
+    """The optimisation loop (TRL's trainer of training.method: its record in toolkit_train/methods.py)."""
 
-    method: Literal["sft", "dpo"] = Field(
-        "sft",
-        description="sft: supervised fine-tuning on conversations; dpo: preference tuning on chosen/rejected pairs "
-        "(data.format: preference; with training.packing the chosen and rejected replies of a micro-batch's "
-        "training.per_device_batch_size pairs run as one packed row).",
+    method: str = Field(
+        SFT.name,
+        description="; ".join(f"{m.name}: {m.describes}" for m in METHODS.values()) + ".",
+        json_schema_extra={"enum": list(METHODS)},
     )
     dpo: DpoSettings = Field(default_factory=DpoSettings, description="training.method dpo: its loss.")
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        if value not in METHODS:
+            raise ValueError(f"training.method: unknown method {value!r}; choose one of: {', '.join(METHODS)}")
+        return value
+
+    @property
+    def method_record(self) -> TrainingMethod:
+        """training.method's record (toolkit_train/methods.py): what the code asks instead of its name."""
+        return method_named(self.method)
 
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
     num_epochs: float = Field(1, gt=0, description="Epochs; ignored when max_steps is set.")
@@ -486,19 +498,20 @@ class TrainSettings(StrictModel):
 
     @model_validator(mode="after")
     def _method_reads_its_rows(self) -> TrainSettings:
-        """DPO learns from pairs and SFT from conversations: each refuses the other's rows."""
-        dpo, pairs = self.training.method == "dpo", self.data.format == "preference"
-        if dpo and not pairs:
+        """Each method reads its own rows (DPO pairs, SFT conversations) and refuses another's."""
+        method, data_format = self.training.method_record, self.data.format
+        if data_format not in method.data_formats:
+            owner = method_reading(data_format)
+            if owner.pairs:
+                raise ValueError(
+                    f"data.format {data_format} holds {owner.reads}, which {method.describes.split(' (')[0]} does "
+                    f"not read: set training.method: {owner.name}"
+                )
             raise ValueError(
-                f"training.method dpo trains on chosen/rejected pairs, not {self.data.format!r} rows: set "
-                "data.format: preference (rows with messages, chosen and rejected)"
+                f"training.method {method.name} trains on {method.reads}, not {data_format!r} rows: set "
+                f"data.format: {method.data_formats[0]}{method.format_hint}"
             )
-        if pairs and not dpo:
-            raise ValueError(
-                "data.format preference holds chosen/rejected pairs, which supervised fine-tuning does not read: "
-                "set training.method: dpo"
-            )
-        if pairs and self.data.overlong == "truncate":
+        if method.pairs and self.data.overlong == "truncate":
             raise ValueError(
                 "data.overlong truncate: a preference pair is not truncated (the cut would fall inside one reply "
                 "and not the other): set data.overlong: drop, or raise data.max_length"

@@ -106,18 +106,19 @@ def compile_layers_for_training(model: Any, settings: TrainSettings) -> int:
 
 def uses_packing(settings: TrainSettings) -> bool:
     """Packed micro-batches of rows: SFT's (DPO packs each micro-batch's pairs instead: packs_pairs)."""
-    return settings.training.packing and settings.training.method == "sft"
+    return settings.training.packing and not settings.training.method_record.pairs
 
 
 def packs_pairs(settings: TrainSettings) -> bool:
     """DPO with training.packing: the chosen and rejected replies of a micro-batch's pairs run as one packed row."""
-    return settings.training.packing and settings.training.method == "dpo"
+    return settings.training.packing and settings.training.method_record.pairs
 
 
 def trainer_args(settings: TrainSettings, paths: Paths):
-    """The trainer's arguments: TRL's SFTConfig, or its DPOConfig (with the DPO loss) for training.method dpo."""
+    """The trainer's arguments: TRL's config class of training.method's record (SFTConfig; DPOConfig with the DPO
+    loss), with the arguments the method adds."""
     import torch
-    from trl import DPOConfig, SFTConfig
+    import trl
 
     from .model import compute_dtype
 
@@ -139,10 +140,9 @@ def trainer_args(settings: TrainSettings, paths: Paths):
     packed = uses_packing(settings)
     if packed:  # one packed row per micro-batch; our collator and loss; columns the model does not take
         extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
-    config_class: Any = SFTConfig
-    if t.method == "dpo":  # the reference: the same model with the adapter off (no second copy)
-        config_class = DPOConfig
-        extra.update(beta=t.dpo.beta, loss_type=[t.dpo.loss_type], precompute_ref_log_probs=False)
+    method = t.method_record
+    config_class: Any = getattr(trl, method.trl_config)
+    extra.update(method.config_arguments(t))
     split = settings.data.eval
     if split is not None and split.steps:  # and always once at the end (train())
         extra.update(eval_strategy="steps", eval_steps=split.steps)
@@ -288,7 +288,7 @@ def build_trainer(
 
     trainer_class: Any = SFTTrainer
     extra: dict[str, Any] = {}
-    if settings.training.method == "dpo":
+    if settings.training.method_record.pairs:
         packed = packs_pairs(settings)
         trainer_class = preference_trainer_class(packed)
         layout = "each micro-batch's replies packed in one row, no padding" if packed else "unpacked"

@@ -158,11 +158,11 @@ def test_every_row_names_real_settings_and_values():
 
 
 def _choices(on: str, annotation) -> tuple:
-    """A field's closed set: a Literal's values, the registered targets for `target`, else a bool's."""
-    from toolkit.config.targets import TARGET_SETTINGS
-
-    if on == "target":
-        return tuple(TARGET_SETTINGS)
+    """A field's closed set: a Literal's values, a registry's names (`target`'s targets, training.method's records:
+    the field's schema enum), else a bool's."""
+    field = ({"target": Config.model_fields["target"]} | {p: f for p, f, _ in _fields(Config)})[on]
+    if isinstance(field.json_schema_extra, dict) and "enum" in field.json_schema_extra:
+        return tuple(field.json_schema_extra["enum"])  # type: ignore[arg-type]
     choices = typing.get_args(annotation) or (True, False)
     return (*choices, None) if type(None) in choices else choices  # an optional setting: unset is a value too
 

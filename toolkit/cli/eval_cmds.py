@@ -69,7 +69,7 @@ def eval_(
     cfg = load(source, set_)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), console=err)
     bars: dict = {}
-    doing = "scoring pairs" if cfg.training.method == "dpo" else "generating"  # a DPO run: held-out pairs, scored
+    doing = "scoring pairs" if cfg.training.method_record.pairs else "generating"  # a DPO run: held-out pairs, scored
 
     def on_row(label: str, generated, total: int) -> None:
         if label not in bars:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolkit_train import methods
 from toolkit_train.families import known_family
 from toolkit_train.settings import BUILTIN_MODELS, EXPLICIT_PATH, TINY_GPT_OSS_MXFP4, source_has_splits
 
@@ -143,14 +144,14 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
         ),
         Scope(
             "training.method",
-            ("sft",),
+            methods.names(pairs=False),
             "remove it: DPO batches training.per_device_batch_size pairs",
             "DPO packs the replies of a micro-batch's pairs, whatever their tokens",
         ),
     ),
     "training.dpo": Scope(
         "training.method",
-        ("dpo",),
+        (methods.DPO.name,),
         "remove it, or set training.method: dpo",
         "supervised fine-tuning has no preference loss",
     ),
@@ -169,21 +170,21 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
     # -- the promotion gate: what the method's eval report scores ------------------------------------------------
     "registry.gate.min_format_valid": Scope(
         "training.method",
-        ("sft",),
+        methods.names(pairs=False),
         "remove it",
         "a DPO run's report generates nothing whose format to check",
     ),
     "registry.gate.metric": (
         Scope(
             "training.method",
-            ("dpo",),
+            methods.names(pairs=True),
             "set registry.gate.metric to a generated reply's metric: rougeL, chrF, reasoning_language, format_valid",
             "a supervised fine-tune's report scores generated replies, not pairs",
             when=lambda metric: metric == PREFERENCE_ACCURACY,
         ),
         Scope(
             "training.method",
-            ("sft",),
+            methods.names(pairs=False),
             f"set registry.gate.metric: {PREFERENCE_ACCURACY}",
             "a DPO run's report scores its held-out pairs by likelihood; nothing is generated",
             when=lambda metric: metric != PREFERENCE_ACCURACY,

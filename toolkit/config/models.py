@@ -581,7 +581,7 @@ class Config(TrainSettings):
         accumulation = t.gradient_accumulation_steps
         rows_unpacked = t.per_device_batch_size * accumulation * world
         lines = [f"{world} GPU process(es) x {accumulation} micro-batch(es) per optimizer step"]
-        if t.method == "dpo":
+        if t.method_record.pairs:
             layout = "one packed row, no padding" if t.packing else "padded rows (training.packing: false)"
             lines.append(
                 f"DPO: {rows_unpacked} pairs per optimizer step ({t.per_device_batch_size} per micro-batch, their "

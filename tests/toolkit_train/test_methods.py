@@ -1,0 +1,73 @@
+"""Training methods as records (toolkit_train/methods.py, issue 69): the code asks a method's record, never its name;
+every record's fields reach the code that reads them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from toolkit_train import methods
+from toolkit_train.methods import METHODS, method_reading
+from toolkit_train.settings import DataSettings, ModelSettings, TrainSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+METHODS_MODULE = ROOT / "entrypoints" / "toolkit_train" / "methods.py"
+
+
+def test_no_module_compares_a_method_name():
+    """A method's name is a literal only in its record (inside longer strings, messages and docs, it is fine): a new
+    `training.method == "dpo"`, or ("sft",) in a table, fails here."""
+    names = "|".join(re.escape(name) for name in METHODS)
+    literal = re.compile(rf"""(["'])({names})\1""")
+    compared = re.compile(r"\.method\s*(==|!=|\bin\b)")
+    offenders = []
+    for folder in ("toolkit", "entrypoints", "containers"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path == METHODS_MODULE:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if literal.search(line) or compared.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == [], "use the method's record (toolkit_train/methods.py):\n" + "\n".join(offenders)
+
+
+def settings(method: str, data_format: str, **data) -> TrainSettings:
+    return TrainSettings(model=ModelSettings(id="builtin:tiny-gpt-oss"),
+                         data=DataSettings(source="unused", format=data_format, **data),
+                         training={"method": method})  # type: ignore[arg-type]  # fmt: skip
+
+
+@pytest.mark.parametrize("method", list(METHODS.values()), ids=list(METHODS))
+def test_each_method_reads_its_own_formats_and_refuses_anothers_naming_the_fix(method):
+    for data_format in method.data_formats:
+        assert settings(method.name, data_format).training.method_record is method
+    for other in METHODS.values():
+        if other is method:
+            continue
+        for data_format in other.data_formats:
+            with pytest.raises(ValidationError) as refused:
+                settings(method.name, data_format)
+            said = str(refused.value)
+            fix = f"training.method: {other.name}" if other.pairs else f"data.format: {method.data_formats[0]}"
+            assert fix in said, said
+            assert method_reading(data_format) is other
+
+
+def test_an_unknown_method_is_refused_with_the_known_ones():
+    with pytest.raises(ValidationError, match="training.method: unknown method 'grpo'; choose one of: sft, dpo"):
+        settings("grpo", "messages")
+
+
+def test_each_records_trl_config_takes_the_arguments_the_method_adds():
+    """The record's TRL config class exists in the pinned TRL and accepts what the method adds to it."""
+    import trl
+
+    for method in METHODS.values():
+        config_class = getattr(trl, method.trl_config)
+        training = settings(method.name, method.data_formats[0]).training
+        config = config_class(output_dir="/nonexistent", bf16=False, **method.config_arguments(training))
+        for key, value in method.config_arguments(training).items():
+            assert getattr(config, key) == value, (method.name, key)
+    assert methods.names(pairs=True) == ("dpo",) and methods.names(pairs=False) == ("sft",)
