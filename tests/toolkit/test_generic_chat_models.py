@@ -110,12 +110,37 @@ def test_invoke_check_accepts_an_answer_without_reasoning(deployed):
     assert "Traceback" not in result.stderr
 
 
-def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(trained):
-    """`toolkit eval`: both models served by vLLM, the held-out rows generated and scored; the reasoning language is
-    not scored (the model writes none), the answers are, and format validity asks for an answer alone."""
+def test_eval_on_a_taken_port_is_refused_in_one_line_before_any_server_starts(trained):
+    """serving.eval_port another process listens on: exit 2, one line naming the setting; no vLLM started, no
+    report written or cleared."""
+    import socket
+
     preset, cwd = trained
-    result = toolkit(cwd, "eval", preset, "--limit", "6", "--json")
+    report = cwd / "runs" / preset / "eval" / "report.json"
+    before = report.stat().st_mtime_ns if report.exists() else None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = toolkit(cwd, "eval", preset, "--set", f"serving.eval_port={port}", timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert f"port {port} (serving.eval_port): another process listens there" in output, output
+    assert "Traceback" not in output and "starting vLLM for the fine-tuned" not in output
+    assert (report.stat().st_mtime_ns if report.exists() else None) == before  # no report written or cleared
+
+
+def test_eval_scores_base_and_fine_tuned_on_the_held_out_rows(trained):
+    """`toolkit eval` on a fixed port (serving.eval_port: each model served there in turn): both models served by
+    vLLM, the held-out rows generated and scored; the reasoning language is not scored (the model writes none), the
+    answers are, and format validity asks for an answer alone."""
+    preset, cwd = trained
+    port = free_port()
+    result = toolkit(cwd, "eval", preset, "--limit", "6", "--json", "--set", f"serving.eval_port={port}")
     assert result.returncode == 0, result.stdout + result.stderr
+    for label in ("base", "fine-tuned"):
+        log = (cwd / "runs" / preset / "eval" / f"serve-{label}.log").read_text()
+        assert f"--port {port}" in log, log[:2000]
     report = json.loads((cwd / "runs" / preset / "eval" / "report.json").read_text())
     metrics = report["metrics"]
     assert metrics["reasoning_language"]["rows"] == 0, metrics["reasoning_language"]

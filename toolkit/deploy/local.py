@@ -122,7 +122,7 @@ def _process_alive(pid: int) -> bool:
     return _answers(os.kill, pid)
 
 
-def _refuse_busy_port(port: int) -> None:
+def _refuse_busy_port(port: int, setting: str) -> None:
     """Before vLLM starts: a port another process listens on is refused (vLLM would fail to bind only after its
     engine started, and meanwhile the other process would answer this server's readiness check)."""
     import socket
@@ -133,7 +133,7 @@ def _refuse_busy_port(port: int) -> None:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:
             raise DeployInputError(
-                f"port {port} (serving.local_port, or --port): another process listens there ({exc.strerror}); "
+                f"port {port} ({setting}): another process listens there ({exc.strerror}); "
                 "stop it, or serve on another port"
             ) from None
 
@@ -175,10 +175,18 @@ class LocalServer:
     ends a server an earlier toolkit process started for this config and could not stop (its group in serve.pid).
     """
 
-    def __init__(self, config: Config, model: Path, port: int | None = None, log: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        model: Path,
+        port: int | None = None,
+        log: Path | None = None,
+        port_setting: str = "serving.local_port, or --port",
+    ) -> None:
         self.config = config
         self.model = model
         self.port = port or config.serving.local_port
+        self.port_setting = port_setting  # where the port was chosen, said when it is taken
         self.log = log or run_home(config.name) / "serve.log"
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -212,7 +220,7 @@ class LocalServer:
         plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._end_stale()
-        _refuse_busy_port(self.port)
+        _refuse_busy_port(self.port, self.port_setting)
         with open(self.log, "wb") as log:  # the child keeps its own handle
             self.process = subprocess.Popen(
                 plan["command"], env={**os.environ, **plan["environment"]}, stdout=log, stderr=subprocess.STDOUT,

@@ -165,10 +165,12 @@ def each_row(
 
 
 @contextmanager
-def _local_server(config: Config, model: Path, port: int, log: Path) -> Iterator[str]:
+def _local_server(config: Config, model: Path, log: Path) -> Iterator[str]:
+    """vLLM serving `model` on serving.eval_port (a taken one is refused in one line naming it), else a free port."""
     from toolkit.deploy.local import LocalServer
 
-    with LocalServer(config, model, port=port, log=log) as server:
+    port = config.serving.eval_port or _free_port()
+    with LocalServer(config, model, port=port, log=log, port_setting="serving.eval_port") as server:
         server.wait_ready(timeout=900)
         yield server.url
 
@@ -291,7 +293,7 @@ def evaluate_local(
         log = eval_dir(config) / f"serve-{label}.log"
         if on_status:
             on_status(f"starting vLLM for the {label} model ({directory})")
-        with _local_server(config, directory, _free_port(), log) as url:
+        with _local_server(config, directory, log) as url:
             client = ChatClient.for_url(url, config.name)
             started = time.monotonic()
             answers = ask(client, _labelled(on_row, label))
