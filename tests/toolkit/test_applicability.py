@@ -421,8 +421,10 @@ SERVING_OTHER = _prefixed("serving", {
     "tensor_parallel_size": 2, "max_model_len": 2048, "gpu_memory_utilization": 0.8, "max_num_seqs": 32,
     "vllm_args": {"enable-prefix-caching": False}, "max_loras": 8, "hf_token_secret": "hf-token",
     "component_memory_mb": 32768, "local_port": 9000, "local_python": "/opt/vllm/bin/python",
+    "eval_port": 9001,
 })  # fmt: skip
 LOCAL_SERVING = "toolkit.deploy.local: `toolkit deploy --target local`"
+LOCAL_EVAL = "toolkit.evaluate: `toolkit eval --target local`'s servers"
 PREPARED = "toolkit_train.data.prepare, on every row (with the model's tokenizer)"
 
 SECTIONS = {
@@ -526,7 +528,11 @@ SECTIONS = {
             "serving.autoscaling": [None, {"min_instances": 1, "max_instances": 2}],
         },
         base=["serving.instance_type=ml.g6e.12xlarge", *ROLE],
-        read_as_is={"serving.local_port": LOCAL_SERVING, "serving.local_python": LOCAL_SERVING},
+        read_as_is={
+            "serving.local_port": LOCAL_SERVING,
+            "serving.local_python": LOCAL_SERVING,
+            "serving.eval_port": LOCAL_EVAL,
+        },
     ),
 }
 # Let through by the table, yet read by nothing so far where the decider has this value: each with what would use

@@ -265,6 +265,7 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
     # -- serving on this machine (`toolkit deploy --target local`), read only there --------------------------
     "serving.local_port": EVERYWHERE,
     "serving.local_python": EVERYWHERE,
+    "serving.eval_port": EVERYWHERE,  # `toolkit eval --target local`'s servers, on this machine
 }
 
 
