@@ -43,13 +43,17 @@ class EndpointState:
 
 def endpoint_name(config: Config) -> str:
     """serving.endpoint_name, else the config's own (merged weights) or, for an adapter, one endpoint per base
-    model that every fine-tune of model.id shares."""
+    model that every fine-tune of model.id at its model.revision shares: two revisions of one id are two bases (one
+    endpoint each, its base component named after it), never one base that the last deploy's revision replaces
+    under every adapter trained on the other. Without a revision the name is the id's alone."""
     if config.serving.endpoint_name:
         return config.serving.endpoint_name
     if config.serving.weights != "adapter":
         return config.name
     base = config.model.id.rstrip("/").rsplit("/", 1)[-1].split(":")[-1]
-    return re.sub(r"[^a-zA-Z0-9]+", "-", base).strip("-")[:47].strip("-") + "-lora"
+    revision = re.sub(r"[^a-zA-Z0-9]+", "-", config.model.revision or "").strip("-")[:12].strip("-")
+    suffix = f"-{revision}-lora" if revision else "-lora"
+    return re.sub(r"[^a-zA-Z0-9]+", "-", base).strip("-")[: 52 - len(suffix)].strip("-") + suffix
 
 
 class Endpoints:

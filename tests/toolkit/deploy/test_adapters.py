@@ -257,3 +257,27 @@ def test_an_adapter_archive_over_the_part_size_goes_up_in_parts(aws_env, compone
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         members = {m.name: m.size for m in archive.getmembers()}
     assert members["extra.bin"] == 12 * 1024 * 1024 and "adapter_config.json" in members
+
+
+def test_two_revisions_of_one_base_get_two_endpoints_and_base_components(aws_env, components):
+    """Adapter configs that differ only in model.revision were trained on two different bases: each gets its own
+    endpoint and base component (serving its revision), so one deploy never swaps the other's base; without a
+    revision the name is the id's alone, as before."""
+    output = "s3://toolkit-test-bucket/jobs/x/output/model/"
+    bases = {}
+    for name, revision in (("bot-a", "0123456789abcdef0123"), ("bot-b", "v2.1"), ("bot-c", None)):
+        overrides = [f"model.revision={revision}"] if revision else []
+        planned = sdk.render_deploy(adapter_config(aws_env, "acme/tiny-llama", name, 8, *overrides), IMAGE, output)
+        for request in planned:
+            assert_valid_call(request.service, request.operation, request.params)
+        created = {r.operation: r.params for r in planned if r.operation in ("create_inference_component",
+                                                                             "create_model")}  # fmt: skip
+        component = next(r.params for r in planned if r.operation == "create_inference_component"
+                         and "BaseInferenceComponentName" not in r.params["Specification"])  # fmt: skip
+        environment = created["create_model"]["PrimaryContainer"]["Environment"]
+        assert environment.get("SM_VLLM_REVISION") == revision
+        bases[name] = (component["EndpointName"], component["InferenceComponentName"])
+    assert bases == {"bot-a": ("tiny-llama-0123456789ab-lora", "tiny-llama-0123456789ab-lora-base"),
+                     "bot-b": ("tiny-llama-v2-1-lora", "tiny-llama-v2-1-lora-base"),
+                     "bot-c": ("tiny-llama-lora", "tiny-llama-lora-base")}  # fmt: skip
+    assert components.components == {}  # rendered only: nothing created
