@@ -234,6 +234,7 @@ class Endpoints:
                 raise type(exc)(f"{exc}. {undone}") from None
         if updating and previous:
             self._delete_config_and_model(previous["EndpointConfigName"])
+        self._remove_replaced(state.config_name, report)
         return state
 
     def undo(
@@ -286,6 +287,33 @@ class Endpoints:
     def _wait_deleted(self, poll_seconds: float) -> None:
         while self.describe() is not None:
             time.sleep(poll_seconds)
+
+    def _remove_replaced(self, serving: str, report: Callable[[str], None]) -> None:
+        """The toolkit's own configs and models of this endpoint (named `<endpoint>-<digest>`) that it no longer
+        serves and that are older than what it serves: left by a deploy killed after its update (only the deploy
+        that issues an update deletes what it replaced), removed by the next one that ends serving. Newer ones may
+        be another deploy's in flight, and other names another tool's: never touched."""
+        own = re.compile(rf"^{re.escape(self.name)}-[0-9a-f]{{{DIGEST_LENGTH}}}$")
+        described = self.sagemaker.describe_endpoint_config(EndpointConfigName=serving)
+        since = described["CreationTime"]
+        kept_models = {v.get("ModelName", "") for v in described["ProductionVariants"]}
+        for page in self.sagemaker.get_paginator("list_endpoint_configs").paginate(NameContains=self.name):
+            for item in page["EndpointConfigs"]:
+                name = item["EndpointConfigName"]
+                if not own.match(name) or name == serving:
+                    continue
+                if item["CreationTime"] < since:
+                    report(f"delete_endpoint_config {name} (replaced, no longer served)")
+                    self._delete_config_and_model(name)
+                else:
+                    described = self.sagemaker.describe_endpoint_config(EndpointConfigName=name)
+                    kept_models |= {v.get("ModelName", "") for v in described["ProductionVariants"]}
+        for page in self.sagemaker.get_paginator("list_models").paginate(NameContains=self.name):
+            for item in page["Models"]:
+                name = item["ModelName"]
+                if own.match(name) and name not in kept_models and item["CreationTime"] < since:
+                    report(f"delete_model {name} (replaced, no longer served)")
+                    self.sagemaker.delete_model(ModelName=name)
 
     def _delete_config_and_model(self, config_name: str) -> None:
         """Remove a replaced deployment's config and model (only the toolkit's own: named after the endpoint)."""
@@ -365,8 +393,11 @@ class Endpoints:
         return deleted
 
 
+DIGEST_LENGTH = 10  # hex digits of the content digest in a model's and an endpoint config's name
+
+
 def _digest(value: Any) -> str:
-    return digest.of_value(value, 10)
+    return digest.of_value(value, DIGEST_LENGTH)
 
 
 def _resource_name(request: Request) -> str:

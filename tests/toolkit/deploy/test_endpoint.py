@@ -263,6 +263,18 @@ def test_update_is_blue_green_with_alarm_rollback_and_cleans_up_the_old_config(a
         "CreationTime": "2026-11-30T00:00:00Z"})  # fmt: skip
     stub.add_response("delete_endpoint_config", {}, {"EndpointConfigName": old})
     stub.add_response("delete_model", {}, {"ModelName": old})
+    # then the sweep of replaced leftovers: the serving config's age, the endpoint's configs and models (none left)
+    created = "2026-12-01T00:00:00Z"
+    stub.add_response("describe_endpoint_config", {
+        "EndpointConfigName": new_config, "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:1:ec/new",
+        "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": new_config}], "CreationTime": created},
+        {"EndpointConfigName": new_config})  # fmt: skip
+    stub.add_response("list_endpoint_configs", {"EndpointConfigs": [{
+        "EndpointConfigName": new_config, "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:1:ec/new",
+        "CreationTime": created}]}, {"NameContains": "tiny-gpt-oss-local"})  # fmt: skip
+    stub.add_response("list_models", {"Models": [{
+        "ModelName": new_config, "ModelArn": "arn:aws:sagemaker:us-east-1:1:model/new", "CreationTime": created}]},
+        {"NameContains": "tiny-gpt-oss-local"})  # fmt: skip
     policy = new[2].params["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     assert policy["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
     assert policy["TrafficRoutingConfiguration"]["WaitIntervalInSeconds"] > 0  # baking while alarms watch
@@ -299,3 +311,35 @@ def test_a_busy_endpoint_is_left_alone(aws_env):
     stub.add_response("describe_endpoint", describe(old, "Updating"))
     with stub, pytest.raises(DeployError, match="is Updating: wait until it settles"):
         endpoints.deploy(IMAGE, MODEL, poll_seconds=0)
+
+
+def test_a_deploy_removes_the_toolkits_replaced_configs_and_models_and_nothing_else(aws_env):
+    """What a deploy killed after its update leaves (the replaced config and model: only the deploy that updates
+    deletes them) is removed by the next deploy that ends serving, even one with nothing to change; a config or
+    model named otherwise (another tool's), or another endpoint's, is never touched."""
+    import time
+
+    client = sagemaker()
+    cfg = config(aws_env)
+
+    def leftover(name):
+        client.create_model(ModelName=name, ExecutionRoleArn=aws_env["role"],
+                            PrimaryContainer={"Image": IMAGE})  # fmt: skip
+        client.create_endpoint_config(EndpointConfigName=name, ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": name, "InstanceType": "ml.g4dn.xlarge",
+            "InitialInstanceCount": 1}])  # fmt: skip
+
+    replaced, half = "tiny-gpt-oss-local-0123456789", "tiny-gpt-oss-local-abcdefabcd"
+    others = ("tiny-gpt-oss-local-blue", "other-endpoint-0123456789")
+    for name in (replaced, *others):
+        leftover(name)
+    client.create_model(ModelName=half, ExecutionRoleArn=aws_env["role"], PrimaryContainer={"Image": IMAGE})
+    time.sleep(1.1)  # CreationTime has whole seconds here: the leftovers are older than what the deploy creates
+    first = sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    configs = {c["EndpointConfigName"] for c in client.list_endpoint_configs()["EndpointConfigs"]}
+    models = {m["ModelName"] for m in client.list_models()["Models"]}
+    assert configs == {first.config_name, *others} and models == {first.config_name, *others}
+    leftover(replaced)  # newer than what serves: maybe another deploy's in flight, kept
+    again = sdk.deploy(cfg, image_uri=IMAGE, model_data=MODEL, poll_seconds=0)
+    assert again.actions == [] and replaced in {c["EndpointConfigName"] for c in
+                                                client.list_endpoint_configs()["EndpointConfigs"]}  # fmt: skip
