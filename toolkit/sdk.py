@@ -449,8 +449,10 @@ def render_serve_local(
     from toolkit.deploy.local import model_dir as local_model_dir
 
     cfg = _as_config(config, overrides)
-    plan = LocalServer(cfg, local_model_dir(cfg, model_dir), port).plan()
-    return {**plan, "vllm_installed": has_vllm(configured_python(cfg))}
+    server = LocalServer(cfg, local_model_dir(cfg, model_dir), port)
+    plan = server.plan()
+    return {**plan, "vllm_command": server.vllm_command(plan["environment"]),
+            "vllm_installed": has_vllm(configured_python(cfg))}  # fmt: skip
 
 
 def serve_target(config: Config, target: str | None = None) -> Literal["endpoint", "local"]:

@@ -78,6 +78,10 @@ def test_deploy_checks_the_served_prompts_and_serves_without_parsers(deployed):
     served = json.loads((Path(command[3]) / "config.json").read_text())["model_type"]
     assert served == preset.removeprefix("tiny-").removesuffix("-local"), served  # llama / gemma: no record's type
     assert not {"--reasoning-parser", "--tool-call-parser", "--enable-auto-tool-choice"} & set(command), command
+    port = deployed[2].rsplit(":", 1)[1]
+    dry = toolkit(cwd, "deploy", preset, "--target", "local", "--port", port, "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert json.loads(dry.stdout)["vllm_command"] == command[1:]  # the dry run shows the command that ran
 
 
 def test_the_official_openai_client_gets_the_same_answer_streamed_and_whole(deployed):

@@ -216,6 +216,21 @@ class LocalServer:
         return {"command": [python, str(SERVING_CONTEXT / "serve.py")], "environment": settings,
                 "url": self.url, "log": str(self.log)}  # fmt: skip
 
+    def vllm_command(self, environment: dict[str, str]) -> list[str] | str:
+        """The `vllm serve` command serve.py runs for this environment: its own `command`, loaded from the serving
+        code (the parsers it picks from the model's chat template included), so the dry run shows what runs; the
+        reason instead where the model directory cannot tell it yet."""
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("toolkit_serve_plan", SERVING_CONTEXT / "serve.py")
+        assert spec is not None and spec.loader is not None
+        serve = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(serve)
+        try:
+            return serve.command(environment)
+        except serve.ModelDirError as exc:
+            return f"decided when it starts: {exc}"
+
     def start(self) -> LocalServer:
         plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)

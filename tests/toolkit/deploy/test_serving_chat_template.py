@@ -70,6 +70,10 @@ def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deploy
     for flag, value in (("--reasoning-parser", "qwen3"), ("--tool-call-parser", "toolkit_hermes")):
         assert command[command.index(flag) + 1] == value, command
     assert "--enable-auto-tool-choice" in command
+    dry = CliRunner().invoke(app, ["deploy", cfg.name, "--target", "local", "--model-dir", command[3].removesuffix(
+        "/merged"), "--port", command[command.index("--port") + 1], "--dry-run"])  # fmt: skip
+    assert dry.exit_code == 0, dry.output
+    assert json.loads(dry.stdout)["vllm_command"] == command[1:]  # the dry run shows the parsers that ran
 
 
 def test_the_official_openai_client_gets_the_reasoning_apart_from_the_answer(deployed):
