@@ -206,13 +206,9 @@ def train(
     line. `preflight=False` skips both. Call `job.wait()` to block until it ends; `job.stop()` checkpoints and
     stops it.
     """
-    from toolkit_train import prepared
-
     cfg = _as_config(config, overrides, target)
     chosen = _target(cfg)
-    require_trainable(cfg)
-    if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
-        prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
+    _before_launch(cfg)
     if preflight:
         chosen.preflight(cfg, on_note)
     return chosen.submit(cfg, fresh=fresh)
@@ -237,11 +233,22 @@ def plan(
 
 
 def render_train(config: Config | str | Path, target: str | None = None, overrides: Sequence[str] = ()) -> str:
-    """What `train` would submit (the dry run): nothing is created or launched."""
+    """What `train` would submit (the dry run): nothing is created or launched; every check `train` makes before
+    it launches (but the quota and price preflight, which asks AWS) refuses here alike."""
     cfg = _as_config(config, overrides, target)
     chosen = _target(cfg)
-    require_trainable(cfg)
+    _before_launch(cfg)
     return chosen.render(cfg)
+
+
+def _before_launch(cfg: Config) -> None:
+    """The checks `train` and its dry run make before anything launches: the model can be rendered, and a prepared
+    dataset here can train with these settings (complete, sealed with the same data settings and tokenizer)."""
+    from toolkit_train import prepared
+
+    require_trainable(cfg)
+    if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
+        prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
 
 
 def _image(cfg: Config, image_uri: str | None, on_progress=None, dry_run: bool = False) -> str:

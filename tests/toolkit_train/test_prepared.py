@@ -73,6 +73,8 @@ def test_training_refuses_a_prepared_dataset_of_other_settings_or_altered_conten
     other = toolkit(*train, "--set", "data.max_length=256", cwd=tmp_path)
     assert other.returncode == 2, other.stderr
     assert "data.max_length (prepared with 512, this config: 256)" in last_line(other), other.stderr
+    dry = toolkit(*train, "--set", "data.max_length=256", "--dry-run", cwd=tmp_path)  # the dry run checks alike
+    assert dry.returncode == 2 and last_line(dry) == last_line(other), dry.stdout + dry.stderr
     arrow = next(old_dataset.glob("*.arrow"))
     data = bytearray(arrow.read_bytes())
     data[len(data) // 2] ^= 0xFF  # the same size: only its content tells
