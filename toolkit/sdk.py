@@ -247,8 +247,45 @@ def _before_launch(cfg: Config) -> None:
     from toolkit_train import prepared
 
     require_trainable(cfg)
-    if not cfg.data.source.startswith(("s3://", "fsx://")):  # a prepared dataset that cannot train: nothing launched
-        prepared.check(Path(cfg.data.source), cfg.data, cfg.model)
+    remote = cfg.data.source.startswith(("s3://", "fsx://"))
+    # a prepared dataset that cannot train, or rows the model's template cannot render: nothing launched
+    if not remote and prepared.check(Path(cfg.data.source), cfg.data, cfg.model) is None:
+        _first_rows_render(cfg)
+
+
+FIRST_ROWS = 32  # training rows rendered before launch: a template's whole-dataset refusals show on any of them
+
+
+def _first_rows_render(cfg: Config) -> None:
+    """A model rendered through its own chat template, whose tokenizer is on this machine (a builtin, a checkpoint
+    directory) with data here (a bundled sample, a local file): its first training rows are rendered as the job
+    will, so that what the template cannot render (reasoning it has no field for, tools it does not read, roles it
+    refuses, pairs left alike) is refused in one line before anything launches, in the dry run too. A hub model or
+    remote data is checked where the job runs (a dry run reaches no network)."""
+    from toolkit_train.data import SAMPLE_PATH, DataError, chat_format_of, data_files, prepare, read_json_rows, take
+    from toolkit_train.model import load_tokenizer
+    from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
+
+    family, source = cfg.model.known_family, cfg.data.source
+    if family is None or family.chat_format != "template":
+        return
+    model_here = cfg.model.id in BUILTIN_MODELS or (cfg.model.is_path and Path(cfg.model.id).expanduser().is_dir())
+    path = Path(source).expanduser()
+    if source in SAMPLES:
+        files = [SAMPLE_PATH.parent / SAMPLES[source]]
+    else:
+        files = ([path] if path.is_file() else data_files(path)) if "://" not in source and path.exists() else []
+    files = [file for file in files if file.suffix in (".jsonl", ".json")]  # parquet: read through datasets' cache
+    if not model_here or not files:
+        return
+    rows = read_json_rows(source, files)
+    first = take(rows, list(range(min(FIRST_ROWS, len(rows)))))
+    try:
+        prepare(first, _tokenizer(cfg, load_tokenizer), cfg.data, chat_format=chat_format_of(cfg.model))
+    except DataError as exc:
+        raise errors.BadInput(
+            f"data.source {source} (its first {len(first)} rows, rendered as the job will): {exc}"
+        ) from None
 
 
 def _image(cfg: Config, image_uri: str | None, on_progress=None, dry_run: bool = False) -> str:

@@ -218,7 +218,13 @@ def to_conversation(
     messages without their reasoning (data.reasoning)."""
     if fmt == "preference":
         pair = to_pair(row, default_effort)
-        return pair if reasoning == "keep" else {key: without_reasoning(one) for key, one in pair.items()}
+        if reasoning == "keep":
+            return pair
+        pair = {key: without_reasoning(one) for key, one in pair.items()}
+        if pair["chosen"]["messages"][-1] == pair["rejected"]["messages"][-1]:
+            raise ValueError("chosen and rejected differ only in their reasoning, which data.reasoning: drop removes: "
+                             "nothing is left to prefer")  # fmt: skip
+        return pair
     messages = to_messages(row, fmt)
     _tool_schemas(row)
     _field_types(messages)

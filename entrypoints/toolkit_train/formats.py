@@ -121,7 +121,8 @@ class ChatTemplate(ChatFormat):
         field, reads_tools = self.reads(tokenizer)
         if conversation.get("tools") and not reads_tools:
             raise FormatError(
-                "the model's chat template does not read tools: rows with tools cannot be rendered for it"
+                "the model's chat template does not read tools: rows with tools cannot be rendered for it; train on "
+                "rows without tools, or use a model whose template reads them"
             )
         out = []
         for message in conversation["messages"]:

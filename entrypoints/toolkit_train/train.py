@@ -481,8 +481,11 @@ def main() -> int:
         settings = read_settings(paths)
         return train(settings, paths)
     except Exception as exc:
+        from .data import DataError  # loaded by then: the data is read before training
+
         reason = failure_reason(exc, paths)
-        traceback.print_exc()
+        if not isinstance(exc, DataError):  # bad data is said in one line (the reason); anything else, with its trace
+            traceback.print_exc()
         record_failure(paths, reason)
         print(f"{FAILED_PREFIX}{reason}", file=sys.stderr, flush=True)
         return 1

@@ -108,3 +108,28 @@ def test_a_qwen3_moe_expert_adapter_served_as_an_adapter_is_refused_and_merged_i
     )
     merged = toolkit("config", "validate", "tiny-qwen3-moe-local", *expert_lora[:4], cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [(["data.reasoning=keep"], "set data.reasoning: drop"),
+     (["data.source=builtin:tool-calling-sample", "data.format=messages"], "does not read tools"),
+     (["training.method=dpo", "data.source=builtin:preference-sample", "data.format=preference"],
+      "differ only in their reasoning")],
+)  # fmt: skip
+@pytest.mark.parametrize("target", ["local", "training-job-dry-run"])
+def test_rows_the_template_cannot_render_are_refused_before_anything_launches(tmp_path, overrides, said, target):
+    """A record-less model's template with rows it cannot render: `train` (local) and a training job's dry run refuse
+    in one line, exit 2, nothing launched, no traceback (before, the local run failed inside the job, and the dry run
+    rendered a job bound to fail)."""
+    aws = ["aws.region=us-east-1", "aws.role=arn:aws:iam::123456789012:role/x", "aws.bucket=toolkit-test-bucket"]
+    command = (
+        ["train", "tiny-llama-local", "--target", "local"]
+        if target == "local"
+        else ["train", "tiny-llama-local", "--target", "training-job", "--dry-run"]
+        + [a for o in aws for a in ("--set", o)]
+    )
+    args = [a for o in overrides for a in ("--set", o)]
+    output = refused(toolkit(*command, *args, cwd=tmp_path), "data.source", said)  # fmt: skip
+    assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output
+    assert not (tmp_path / "runs").exists()

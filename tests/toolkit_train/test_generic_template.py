@@ -87,12 +87,20 @@ def test_tool_rows_are_refused_in_one_line_by_a_template_that_cannot_render_them
 
 
 def test_preference_pairs_render_through_the_template_without_their_reasoning(tokenizer):
-    """DPO on a record-less model: each reply after the prompt the template serves, without its reasoning."""
-    rows = load_rows(PREFERENCE_SAMPLE_DATASET)
-    pairs = prepare(rows, tokenizer, settings(format="preference", reasoning="drop"), chat_format=TEMPLATE)
-    row, pair = rows[0], pairs[0]
+    """DPO on a record-less model: each reply after the prompt the template serves, without its reasoning; the
+    bundled sample's pairs, which differ only in their reasoning, are refused once it is dropped (nothing to prefer)."""
+    with pytest.raises(DataError, match="differ only in their reasoning, which data.reasoning: drop removes"):
+        prepare(load_rows(PREFERENCE_SAMPLE_DATASET), tokenizer, settings(format="preference", reasoning="drop"),
+                chat_format=TEMPLATE)  # fmt: skip
+    row = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        "chosen": {"content": "4", "reasoning": "Easy."},
+        "rejected": {"content": "5", "reasoning": "Hm."},
+    }
+    (pair,) = prepare(datasets.Dataset.from_list([row]), tokenizer, settings(format="preference", reasoning="drop"),
+                      chat_format=TEMPLATE)  # fmt: skip
     request = TEMPLATE.messages({"messages": row["messages"]}, tokenizer)
     served = tokenizer.apply_chat_template(request, add_generation_prompt=True, tokenize=True, return_dict=True)
     assert pair["prompt_ids"] == list(served["input_ids"])
-    chosen = row["chosen"] if isinstance(row["chosen"], str) else row["chosen"]["content"]
-    assert tokenizer.decode(pair["chosen_ids"]) == chosen.strip() + tokenizer.eos_token
+    assert tokenizer.decode(pair["chosen_ids"]) == "4" + tokenizer.eos_token
+    assert tokenizer.decode(pair["rejected_ids"]) == "5" + tokenizer.eos_token

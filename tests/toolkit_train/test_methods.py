@@ -82,7 +82,8 @@ SAMPLE_OF = {False: "builtin:multilingual-thinking-sample", True: "builtin:prefe
 def test_every_method_prepares_its_sample_for_every_family(method, model_id):
     """Each method on each family's tiny model (the generic family's two included): the method's bundled sample
     renders in the family's chat format with trained tokens in every example, or is refused in one line whose fix
-    (data.reasoning: drop, for a template with no reasoning field) then renders it."""
+    (data.reasoning: drop, for a template with no reasoning field) then renders it, or, for pairs that differ only
+    in their reasoning (the bundled preference sample), refuses them in one line: nothing left to prefer."""
     from toolkit_train.data import DataError, chat_format_of, load_rows, prepare
     from toolkit_train.model import load_tokenizer
 
@@ -95,6 +96,11 @@ def test_every_method_prepares_its_sample_for_every_family(method, model_id):
     except DataError as exc:
         assert "\n" not in str(exc) and "set data.reasoning: drop" in str(exc), str(exc)
         data = data.model_copy(update={"reasoning": "drop"})
+        if method.pairs:
+            with pytest.raises(DataError, match="differ only in their reasoning") as refused:
+                prepare(rows, tokenizer, data, chat_format=chat_format)
+            assert "\n" not in str(refused.value)
+            return
         prepared = prepare(rows, tokenizer, data, chat_format=chat_format)
     assert train.training.method_record is method and len(prepared) == len(rows)
     for example in list(prepared)[:5]:

@@ -182,6 +182,10 @@ def invoke(
     )
 
     cfg = load(source, set_)
+    if tools and cfg.served_parser("tool-call-parser") is None:  # vLLM refuses tools without one (a 400 otherwise)
+        fail(f"--tools: {cfg.name} ({cfg.model.id}) is served without a tool-call parser, and vLLM refuses requests "
+             "with tools then: name one in serving.vllm_args (e.g. {tool-call-parser: hermes}) and deploy again, or "
+             "ask without --tools", code=2)  # fmt: skip
     target = sdk.serve_target(cfg, target)
     messages = messages_for(question, reasoning_language, system)
     try:

@@ -217,11 +217,12 @@ class ServingSettings(StrictModel):
     component_memory_mb: int = Field(
         16384, ge=128, description="Host memory the base inference component reserves (weights: adapter, SageMaker)."
     )
-    local_port: int = Field(8080, ge=1, le=65535, description="Port of `toolkit deploy --target local`.")
+    local_port: int = Field(8080, ge=1, le=65535, strict=True, description="Port of `toolkit deploy --target local`.")
     eval_port: int | None = Field(
         None,
         ge=1,
         le=65535,
+        strict=True,  # a number: `true` or "8081" are no port (YAML's true would be port 1)
         description="Port `toolkit eval --target local` serves each model on in turn (the base, then the fine-tuned "
         "one; never both at once). Default: a free port the OS picks at each start, which a firewall or a CI "
         "runner with fixed open ports cannot allow for.",
