@@ -6,6 +6,8 @@ Nothing here parses flags or prints tables: results come back as values, failure
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,9 +264,12 @@ def _first_rows_render(cfg: Config) -> None:
     will, so that what the template cannot render (reasoning it has no field for, tools it does not read, roles it
     refuses, pairs left alike) is refused in one line before anything launches, in the dry run too. A hub model or
     remote data is checked where the job runs (a dry run reaches no network)."""
+    if importlib.util.find_spec("transformers") is None:  # `pip install .` without the train extra: the job checks
+        return
     from toolkit_train.data import SAMPLE_PATH, DataError, chat_format_of, data_files, prepare, read_json_rows, take
     from toolkit_train.model import load_tokenizer
     from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
+    from toolkit_train.tiny_model import NotBuilt, without_building
 
     family, source = cfg.model.known_family, cfg.data.source
     if family is None or family.chat_format != "template":
@@ -281,7 +286,12 @@ def _first_rows_render(cfg: Config) -> None:
     rows = read_json_rows(source, files)
     first = take(rows, list(range(min(FIRST_ROWS, len(rows)))))
     try:
-        prepare(first, _tokenizer(cfg, load_tokenizer), cfg.data, chat_format=chat_format_of(cfg.model))
+        # a tiny builtin not built yet is built here only for a local run, which builds it anyway
+        with contextlib.nullcontext() if cfg.target == "local" else without_building():
+            tokenizer = _tokenizer(cfg, load_tokenizer)
+        prepare(first, tokenizer, cfg.data, chat_format=chat_format_of(cfg.model))
+    except NotBuilt:
+        return
     except DataError as exc:
         raise errors.BadInput(
             f"data.source {source} (its first {len(first)} rows, rendered as the job will): {exc}"

@@ -23,13 +23,15 @@ are among them; LoRA on attention and experts cannot move those logits (and TRL 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +132,23 @@ def built_portably(out: Path, builder: str, **arguments: bool) -> None:
         raise RuntimeError(f"building the tiny model {out.name} failed (exit {done.returncode}; its output is above)")
 
 
+class NotBuilt(LookupError):
+    """A tiny model not built on this machine yet, asked for where nothing may be built (`without_building`)."""
+
+
+_NO_BUILD: contextvars.ContextVar[bool] = contextvars.ContextVar("toolkit_tiny_no_build", default=False)
+
+
+@contextlib.contextmanager
+def without_building() -> Iterator[None]:
+    """Inside it, a tiny model not built yet raises NotBuilt instead of being built (a check that only reads)."""
+    token = _NO_BUILD.set(True)
+    try:
+        yield
+    finally:
+        _NO_BUILD.reset(token)
+
+
 def cached_build(stem: str, recipe: Any, build: Callable[[Path], None], duration: str) -> Path:
     """`cache_root()/<stem>-<the recipe's hash>`, built once per machine by `build(directory)` (under a file lock:
     every process and rank waits for the one that builds; staged and renamed into place, so a kill leaves none)."""
@@ -137,6 +156,8 @@ def cached_build(stem: str, recipe: Any, build: Callable[[Path], None], duration
     target = cache_root() / f"{stem}-{key}"
     if (target / "config.json").exists():
         return target
+    if _NO_BUILD.get():
+        raise NotBuilt(target.name)
     from filelock import FileLock, Timeout
 
     target.parent.mkdir(parents=True, exist_ok=True)
