@@ -271,27 +271,30 @@ def _first_rows_render(cfg: Config) -> None:
     from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
     from toolkit_train.tiny_model import NotBuilt, without_building
 
-    family, source = cfg.model.known_family, cfg.data.source
+    family, source, local = cfg.model.known_family, cfg.data.source, cfg.target == "local"
     if family is None or family.chat_format != "template":
         return
+    # a local run reads a hub model's tokenizer now, as its job would (offline and not cached: one line here)
     model_here = cfg.model.id in BUILTIN_MODELS or (cfg.model.is_path and Path(cfg.model.id).expanduser().is_dir())
+    if not (model_here or local):
+        return
+    try:  # a tiny builtin not built yet is built here only for a local run, which builds it anyway
+        with contextlib.nullcontext() if local else without_building():
+            tokenizer = _tokenizer(cfg, load_tokenizer)
+    except NotBuilt:
+        return
     path = Path(source).expanduser()
     if source in SAMPLES:
         files = [SAMPLE_PATH.parent / SAMPLES[source]]
     else:
         files = ([path] if path.is_file() else data_files(path)) if "://" not in source and path.exists() else []
     files = [file for file in files if file.suffix in (".jsonl", ".json")]  # parquet: read through datasets' cache
-    if not model_here or not files:
+    if not files:
         return
     rows = read_json_rows(source, files)
     first = take(rows, list(range(min(FIRST_ROWS, len(rows)))))
     try:
-        # a tiny builtin not built yet is built here only for a local run, which builds it anyway
-        with contextlib.nullcontext() if cfg.target == "local" else without_building():
-            tokenizer = _tokenizer(cfg, load_tokenizer)
         prepare(first, tokenizer, cfg.data, chat_format=chat_format_of(cfg.model))
-    except NotBuilt:
-        return
     except DataError as exc:
         raise errors.BadInput(
             f"data.source {source} (its first {len(first)} rows, rendered as the job will): {exc}"

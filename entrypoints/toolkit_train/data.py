@@ -392,17 +392,7 @@ def prepare(
             reason = str(exc)  # a row that did not parse says where already
             report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
     if report.bad_rows and not settings.skip_bad_rows:
-        shown = "; ".join(why for _, why in report.bad_rows[:5])
-        more = f" (and {len(report.bad_rows) - 5} more)" if len(report.bad_rows) > 5 else ""
-        fix = (  # every row bad is a format mismatch, not bad rows: skipping them would leave none
-            f"Check data.format (one of {', '.join(FORMATS)})"
-            if len(report.bad_rows) == report.rows_in
-            else "Fix them, or set data.skip_bad_rows: true"
-        )
-        raise DataError(
-            f"{len(report.bad_rows)} of {report.rows_in} rows are not valid {settings.format!r} rows: "
-            f"{shown}{more}. {fix}"
-        )
+        raise DataError(_bad_rows_said(report, settings))
     import datasets
 
     try:
@@ -416,6 +406,24 @@ def prepare(
         raise DataError(str(exc)) from None
     report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
+
+
+def _bad_rows_said(report: PrepareReport, settings: DataSettings) -> str:
+    """The refusal of a dataset with bad rows, in one line: a reason every row shares is said once (with the first
+    row's place), else the first five; every row bad for different reasons is a format mismatch (skipping them
+    would leave none)."""
+    bad, count = report.bad_rows, len(report.bad_rows)
+    places = [why.partition(": ")[0] for _, why in bad]
+    reasons = {why.partition(": ")[2] for _, why in bad}
+    formats = f"data.format (one of {', '.join(FORMATS)})"
+    if count > 1 and len(reasons) == 1:
+        kind = f"; if the rows are of another kind, check {formats}" if count == report.rows_in else ""
+        return (f"{'every one' if count == report.rows_in else count} of the {report.rows_in} rows is refused for one "
+                f"reason ({places[0]} and the others): {reasons.pop()}{kind}")  # fmt: skip
+    shown = "; ".join(why for _, why in bad[:5])
+    more = f" (and {count - 5} more)" if count > 5 else ""
+    fix = f"Check {formats}" if count == report.rows_in else "Fix them, or set data.skip_bad_rows: true"
+    return f"{count} of {report.rows_in} rows are not valid {settings.format!r} rows: {shown}{more}. {fix}"
 
 
 def tokenize_pairs(

@@ -70,7 +70,26 @@ def test_a_bad_row_names_its_file_and_line(tmp_path):
 def test_rows_of_another_format_point_at_data_format(tmp_path):
     (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n' * 3)
     result = toolkit("data", "prepare", str(write_config(tmp_path, "rows.jsonl")), cwd=tmp_path)
-    refused(result, "3 of 3 rows", "Check data.format (one of multilingual-thinking, messages, preference)")
+    refused(
+        result,
+        "every one of the 3 rows is refused for one reason (rows.jsonl line 1 and the others): field "
+        "'reasoning_language' is missing",
+        "check data.format (one of multilingual-thinking, messages, preference)",
+    )
+
+
+def test_one_reason_shared_by_every_row_is_said_once(tmp_path):
+    """Rows a template cannot render alike (a developer message Qwen3's template drops) are one reason, said once,
+    not five times with "(and 55 more)"."""
+    rows = [{"messages": [{"role": "developer", "content": f"Rule {i}."}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "hello"}]} for i in range(4)]  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "job.yaml"
+    config.write_text("base: tiny-qwen3-local\ndata:\n  source: rows.jsonl\n  format: messages\n")
+    output = refused(toolkit("data", "prepare", str(config), cwd=tmp_path),
+                     "every one of the 4 rows is refused for one reason (rows.jsonl line 1 and the others): "
+                     "messages[0]: the model's chat template does not render this developer message")  # fmt: skip
+    assert output.count("does not render") == 1, output
 
 
 def test_a_row_left_without_trained_tokens_is_dropped_and_counted(tmp_path):
