@@ -271,7 +271,8 @@ def _first_rows_render(cfg: Config) -> None:
     from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
     from toolkit_train.tiny_model import NotBuilt, without_building
 
-    family, source, local = cfg.model.known_family, cfg.data.source, cfg.target == "local"
+    family, source = cfg.model.known_family, cfg.data.source
+    local = get_target(cfg.target).model_is_here  # the run happens on this machine
     if family is None or family.chat_format != "template":
         return
     # a local run reads a hub model's tokenizer now, as its job would (offline and not cached: one line here)

@@ -416,7 +416,8 @@ class TrainingSettings(StrictModel):
     @classmethod
     def _known_method(cls, value: str) -> str:
         if value not in METHODS:
-            raise ValueError(f"training.method: unknown method {value!r}; choose one of: {', '.join(METHODS)}")
+            shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
+            raise ValueError(f"training.method: unknown method {shown}; choose one of: {', '.join(METHODS)}")
         return value
 
     @property

@@ -209,7 +209,9 @@ def test_a_message_the_template_does_not_render_is_a_bad_row_not_a_silent_drop(t
     rows = load_rows(TOOL_SAMPLE_DATASET)
     developer = [i for i, row in enumerate(rows) if row["messages"][0]["role"] == "developer"]
     assert developer
-    with pytest.raises(DataError, match=f"{len(developer)} of {len(rows)} rows") as caught:
+    with pytest.raises(
+        DataError, match=f"{len(developer)} of the {len(rows)} rows is refused for one reason"
+    ) as caught:
         prepare(rows, tokenizer, settings(format="messages"), chat_format=TEMPLATE)
     assert "messages[0]: the model's chat template does not render this developer message" in str(caught.value)
     assert "use role system" in str(caught.value)

@@ -218,6 +218,7 @@ CHECKED_ELSEWHERE: dict[str, str] = {
     "serving.max_num_seqs": "a vLLM flag in the container environment",
     "serving.max_loras": "a vLLM flag in the container environment",
     "serving.local_port": "this machine only",
+    "serving.eval_port": "this machine only (toolkit eval's local servers)",
     "serving.local_python": "this machine only",
     "hyperpod.orchestrator": "one of the two (the schema's Literal)",
     "hyperpod.instance_type": "the instance table (toolkit.config.instances): a node selector's label value",

@@ -82,6 +82,10 @@ def components(aws_env, monkeypatch):
     MOTO["url"] = aws_env["endpoint"]
     s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=aws_env["endpoint"])
     monkeypatch.setattr(AdapterEndpoints, "s3", property(lambda self: s3))
+    # no container serves while deploy runs here (the base's is started later by a test, from what deploy created),
+    # so deploy's prompt-parity check through the endpoint (tested in test_endpoint_parity.py) is left out: this
+    # tiny Llama is a record-less chat model whose check would otherwise run
+    monkeypatch.setattr(sdk, "trained_rendering", lambda cfg: None)
     with InferenceComponents(aws_env["endpoint"], s3) as emulator:
         monkeypatch.setenv("AWS_ENDPOINT_URL", emulator.url)
         yield emulator
