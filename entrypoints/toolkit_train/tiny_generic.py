@@ -70,24 +70,12 @@ def _build(out: Path, spec: dict[str, Any]) -> None:
     import transformers
     from transformers import GenerationConfig
 
-    from .tiny_qwen3 import _pretrain
+    from .tiny_qwen3 import _pretrain, sized_config
 
     tokenizer = build_tokenizer(spec)
     config_class = getattr(transformers, spec["architecture"].replace("ForCausalLM", "Config"))
-    config = config_class(
-        vocab_size=len(tokenizer),
-        hidden_size=spec["hidden_size"],
-        intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_hidden_layers"],
-        num_attention_heads=spec["num_attention_heads"],
-        num_key_value_heads=spec["num_key_value_heads"],
-        head_dim=spec["head_dim"],
-        max_position_embeddings=spec["max_position_embeddings"],
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=spec["tie_word_embeddings"],
-    )
+    config = sized_config(config_class, spec, tokenizer, bos_token_id=tokenizer.bos_token_id,
+                          tie_word_embeddings=spec["tie_word_embeddings"])  # fmt: skip
     torch.manual_seed(spec["seed"])
     model = getattr(transformers, spec["architecture"])(config)
     _pretrain(model, tokenizer, spec, reasoning=False)

@@ -154,12 +154,9 @@ def _build_moe(out: Path) -> None:
     _build_with(out, MOE_RECIPE, Qwen3MoeConfig, Qwen3MoeForCausalLM, MOE_CONFIG)
 
 
-def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, extra: dict[str, Any]) -> None:
-    import torch
-    from transformers import GenerationConfig
-
-    tokenizer = build_tokenizer()
-    config = config_class(
+def sized_config(config_class, recipe: dict[str, Any], tokenizer, **fields: Any):
+    """A tiny model's config: the recipe's sizes, the tokenizer's vocabulary and pad/eos ids, and `fields`."""
+    return config_class(
         vocab_size=len(tokenizer),
         hidden_size=recipe["hidden_size"],
         intermediate_size=recipe["intermediate_size"],
@@ -170,10 +167,16 @@ def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, ex
         max_position_embeddings=recipe["max_position_embeddings"],
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        **extra,
+        **fields,
     )
+
+
+def _build_with(out: Path, recipe: dict[str, Any], config_class, model_class, extra: dict[str, Any]) -> None:
+    import torch
+    from transformers import GenerationConfig
+
+    tokenizer = build_tokenizer()
+    config = sized_config(config_class, recipe, tokenizer, bos_token_id=None, tie_word_embeddings=False, **extra)
     torch.manual_seed(recipe["seed"])
     model = model_class(config)
     _pretrain(model, tokenizer, recipe)
