@@ -10,7 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,27 @@ def serving_python() -> str:
             raise AssertionError(f"no serving Python at {python}")
         pytest.skip("no serving environment (.venv-serve)")
     return python
+
+
+@contextlib.contextmanager
+def deploy_until_serving(arguments: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """`toolkit deploy ... --target local` as a user runs it (the CLI in its own process) until it says it serves
+    (its prompt-parity and parse checks passed); yields what it printed so far. Interrupted (Ctrl-C) at the end: it
+    stops the server, says so and exits 130 (the README's exit code for an interrupt), without a traceback."""
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "deploy", *arguments], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert cli.stdout is not None
+    shown = []
+    for line in cli.stdout:
+        shown.append(line)
+        if line.startswith("serving "):
+            break
+    assert shown and shown[-1].startswith("serving "), "".join(shown)
+    try:
+        yield "".join(shown)
+    finally:
+        cli.send_signal(signal.SIGINT)
+        rest, _ = cli.communicate(timeout=120)
+        assert cli.returncode == 130 and "stopped" in rest and "Traceback" not in rest, rest

@@ -17,6 +17,7 @@ _EXPORTS = {
     "Config": "toolkit.config",
     "ConfigError": "toolkit.config",
     "load_config": "toolkit.config",
+    "check": "toolkit.sdk",
     "prepare_data": "toolkit.sdk",
     "train": "toolkit.sdk",
     "job": "toolkit.sdk",

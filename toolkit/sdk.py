@@ -243,22 +243,32 @@ def render_train(config: Config | str | Path, target: str | None = None, overrid
     return chosen.render(cfg)
 
 
-def _before_launch(cfg: Config) -> None:
+def _before_launch(cfg: Config, only_what_is_here: bool = False) -> None:
     """The checks `train` and its dry run make before anything launches: the model can be rendered, and a prepared
-    dataset here can train with these settings (complete, sealed with the same data settings and tokenizer)."""
+    dataset here can train with these settings (complete, sealed with the same data settings and tokenizer).
+    only_what_is_here (`toolkit config validate`): no tiny model built and no hub tokenizer read for them."""
     from toolkit_train import prepared
 
     require_trainable(cfg)
     remote = cfg.data.source.startswith(("s3://", "fsx://"))
     # a prepared dataset that cannot train, or rows the model's template cannot render: nothing launched
     if not remote and prepared.check(Path(cfg.data.source), cfg.data, cfg.model) is None:
-        _first_rows_render(cfg)
+        _first_rows_render(cfg, only_what_is_here)
+
+
+def check(config: Config | str | Path, overrides: Sequence[str] = ()) -> Config:
+    """`toolkit config validate`: the config, checked as `train` checks it before launch (the schema, the model's
+    chat template, a prepared dataset's seal, the first rows rendered as the job will where the model's tokenizer is
+    on this machine), building and downloading nothing. Raises BadInput naming what is wrong."""
+    cfg = _as_config(config, overrides)
+    _before_launch(cfg, only_what_is_here=True)
+    return cfg
 
 
 FIRST_ROWS = 32  # training rows rendered before launch: a template's whole-dataset refusals show on any of them
 
 
-def _first_rows_render(cfg: Config) -> None:
+def _first_rows_render(cfg: Config, only_what_is_here: bool = False) -> None:
     """A model rendered through its own chat template, whose tokenizer is on this machine (a builtin, a checkpoint
     directory) with data here (a bundled sample, a local file): its first training rows are rendered as the job
     will, so that what the template cannot render (reasoning it has no field for, tools it does not read, roles it
@@ -272,7 +282,7 @@ def _first_rows_render(cfg: Config) -> None:
     from toolkit_train.tiny_model import NotBuilt, without_building
 
     family, source = cfg.model.known_family, cfg.data.source
-    local = get_target(cfg.target).model_is_here  # the run happens on this machine
+    local = get_target(cfg.target).model_is_here and not only_what_is_here  # the run happens on this machine
     if family is None or family.chat_format != "template":
         return
     # a local run reads a hub model's tokenizer now, as its job would (offline and not cached: one line here)

@@ -417,7 +417,11 @@ class TrainingSettings(StrictModel):
     def _known_method(cls, value: str) -> str:
         if value not in METHODS:
             shown = repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
-            raise ValueError(f"training.method: unknown method {shown}; choose one of: {', '.join(METHODS)}")
+            import difflib
+
+            close = difflib.get_close_matches(value.lower(), list(METHODS), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"training.method: unknown method {shown}; {hint}choose one of: {', '.join(METHODS)}")
         return value
 
     @property

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.runs import free_port, serving_python
+from tests.runs import deploy_until_serving, free_port, serving_python
 
 pytestmark = pytest.mark.integration
 STEPS = "training.max_steps=10"  # the preset's 30 prove no more of the path; the run is scored, not judged by skill
@@ -44,26 +43,12 @@ def trained(request, tmp_path_factory) -> tuple[str, Path]:
 @pytest.fixture(scope="module")
 def deployed(trained):
     """`toolkit deploy <preset> --target local` running until it says it serves; (preset, cwd, url, its output).
-    Interrupted (Ctrl-C) at the end: it stops the server and exits 0."""
+    Interrupted (Ctrl-C) at the end (tests/runs.py: deploy_until_serving)."""
     preset, cwd = trained
     port = free_port()
     env = {**os.environ, "TOOLKIT_SERVE_PYTHON": serving_python()}
-    cli = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "deploy", preset, "--target", "local", "--port",
-                            str(port)], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert cli.stdout is not None
-    shown = []
-    for line in cli.stdout:
-        shown.append(line)
-        if line.startswith("serving "):
-            break
-    assert shown and shown[-1].startswith("serving "), "".join(shown)
-    try:
-        yield preset, cwd, f"http://127.0.0.1:{port}", "".join(shown)
-    finally:
-        cli.send_signal(signal.SIGINT)
-        rest, _ = cli.communicate(timeout=120)
-        assert cli.returncode == 0, rest
+    with deploy_until_serving([preset, "--target", "local", "--port", str(port)], cwd, env) as shown:
+        yield preset, cwd, f"http://127.0.0.1:{port}", shown
 
 
 def test_deploy_checks_the_served_prompts_and_serves_without_parsers(deployed):
@@ -130,7 +115,7 @@ def test_eval_on_a_taken_port_is_refused_in_one_line_before_any_server_starts(tr
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert f"port {port} (serving.eval_port): another process listens there" in output, output
-    assert "Traceback" not in output and "starting vLLM for the fine-tuned" not in output
+    assert "Traceback" not in output and "starting vLLM" not in output
     assert (report.stat().st_mtime_ns if report.exists() else None) == before  # no report written or cleared
 
 

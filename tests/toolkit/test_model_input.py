@@ -117,18 +117,19 @@ def test_a_qwen3_moe_expert_adapter_served_as_an_adapter_is_refused_and_merged_i
      (["training.method=dpo", "data.source=builtin:preference-sample", "data.format=preference"],
       "differ only in their reasoning")],
 )  # fmt: skip
-@pytest.mark.parametrize("target", ["local", "training-job-dry-run"])
+@pytest.mark.parametrize("target", ["local", "training-job-dry-run", "config-validate"])
 def test_rows_the_template_cannot_render_are_refused_before_anything_launches(tmp_path, overrides, said, target):
-    """A record-less model's template with rows it cannot render: `train` (local) and a training job's dry run refuse
-    in one line, exit 2, nothing launched, no traceback (before, the local run failed inside the job, and the dry run
-    rendered a job bound to fail)."""
+    """A record-less model's template with rows it cannot render: `train` (local), a training job's dry run and
+    `config validate` refuse in one line, exit 2, nothing launched, no traceback (before, the local run failed inside
+    the job, the dry run rendered a job bound to fail, and validate said ok). The local run builds the tiny Llama;
+    the others, which build nothing, then find it on this machine."""
     aws = ["aws.region=us-east-1", "aws.role=arn:aws:iam::123456789012:role/x", "aws.bucket=toolkit-test-bucket"]
-    command = (
-        ["train", "tiny-llama-local", "--target", "local"]
-        if target == "local"
-        else ["train", "tiny-llama-local", "--target", "training-job", "--dry-run"]
-        + [a for o in aws for a in ("--set", o)]
-    )
+    command = {
+        "local": ["train", "tiny-llama-local", "--target", "local"],
+        "training-job-dry-run": ["train", "tiny-llama-local", "--target", "training-job", "--dry-run"]
+        + [a for o in aws for a in ("--set", o)],
+        "config-validate": ["config", "validate", "tiny-llama-local"],
+    }[target]
     args = [a for o in overrides for a in ("--set", o)]
     output = refused(toolkit(*command, *args, cwd=tmp_path), "data.source", said)  # fmt: skip
     assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1, output

@@ -56,8 +56,16 @@ def test_each_method_reads_its_own_formats_and_refuses_anothers_naming_the_fix(m
 
 
 def test_an_unknown_method_is_refused_with_the_known_ones():
-    with pytest.raises(ValidationError, match="training.method: unknown method 'grpo'; choose one of: sft, dpo"):
-        settings("grpo", "messages")
+    known = ", ".join(METHODS)
+    with pytest.raises(ValidationError, match=f"training.method: unknown method 'kto'; choose one of: {known}"):
+        settings("kto", "messages")
+
+
+def test_a_method_named_in_capitals_or_a_letter_off_is_refused_with_the_one_meant():
+    for typed in ("DPO", "dpp", "Sft"):
+        with pytest.raises(ValidationError) as refused:
+            settings(typed, "messages")
+        assert f"did you mean '{typed.lower()[:2]}" in str(refused.value), str(refused.value)
 
 
 def test_each_records_trl_config_takes_the_arguments_the_method_adds():

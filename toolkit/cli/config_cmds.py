@@ -22,10 +22,15 @@ def config_validate(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Validate configs; exit 2 on the first problem, naming the file and field."""
+    """Validate configs as `train` checks them before launch (the schema, the model's chat template, a prepared
+    dataset's seal, the first rows rendered where the model is on this machine); exit 2 on the first problem, naming
+    the file and field. Nothing is built or downloaded."""
+    from toolkit import sdk
+
     results = []
     for source in files:
         cfg = load(source, set_)
+        sdk.check(cfg)
         results.append({"source": source, "name": cfg.name, "model": cfg.model.id, "target": cfg.target,
                         "not_checked": cfg.skipped_checks()})  # fmt: skip
         if as_json:

@@ -113,8 +113,8 @@ def deploy(
 
 def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -> None:
     """vLLM here, in the foreground: the SDK runs its life (start, ready, prompt parity, serve, stop); this shows it.
-    A served prompt that is not training's and a server that dies are the SDK's errors (exit 1); Ctrl-C before it
-    serves exits 130, while it serves stops it (exit 0)."""
+    A served prompt that is not training's and a server that dies are the SDK's errors (exit 1); Ctrl-C (or SIGTERM)
+    before it serves or while it serves stops it and exits 130."""
     import signal
 
     from toolkit import sdk
@@ -136,7 +136,8 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
                   f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
 
     sdk.serve_local_until_stopped(cfg, model_dir, port, phase=status, on_note=note, on_serving=serving)
-    out.print("stopped")
+    err.print("stopped: the server and its engine are down; the same command serves again")
+    raise typer.Exit(130)  # only an interrupt ends serving: the README's exit code for one
 
 
 @app.command("invoke")

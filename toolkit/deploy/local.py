@@ -122,7 +122,7 @@ def _process_alive(pid: int) -> bool:
     return _answers(os.kill, pid)
 
 
-def _refuse_busy_port(port: int, setting: str) -> None:
+def refuse_busy_port(port: int, setting: str) -> None:
     """Before vLLM starts: a port another process listens on is refused (vLLM would fail to bind only after its
     engine started, and meanwhile the other process would answer this server's readiness check)."""
     import socket
@@ -235,7 +235,7 @@ class LocalServer:
         plan = self.plan(serving_python(self.config))
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._end_stale()
-        _refuse_busy_port(self.port, self.port_setting)
+        refuse_busy_port(self.port, self.port_setting)
         with open(self.log, "wb") as log:  # the child keeps its own handle
             self.process = subprocess.Popen(
                 plan["command"], env={**os.environ, **plan["environment"]}, stdout=log, stderr=subprocess.STDOUT,

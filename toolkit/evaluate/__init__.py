@@ -289,7 +289,12 @@ def evaluate_local(
 
         manager = benchmarks.task_manager(tasks)  # an unknown name stops here, before any server starts
     results = []
-    for label, directory in served_models(config, model_dir):
+    served = served_models(config, model_dir)
+    if config.serving.eval_port:  # a taken port is said before anything says it starts
+        from toolkit.deploy.local import refuse_busy_port
+
+        refuse_busy_port(config.serving.eval_port, "serving.eval_port")
+    for label, directory in served:
         log = eval_dir(config) / f"serve-{label}.log"
         if on_status:
             on_status(f"starting vLLM for the {label} model ({directory})")

@@ -8,16 +8,13 @@ official openai client and `toolkit invoke`; a served template that renders othe
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import toolkit
-from tests.runs import free_port
+from tests.runs import deploy_until_serving, free_port
 from toolkit.cli import app
 from toolkit.deploy.client import messages_for, reply_problems
 
@@ -30,29 +27,13 @@ QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="Fr
 def deployed(request, tmp_path_factory):
     """`toolkit deploy tiny-qwen3[-moe]-local --target local` in its own process until it says it serves (its
     prompt-parity check passed); (config, url, what it printed, its working directory). Interrupted (Ctrl-C) at the
-    end: it stops the server and exits 0."""
+    end (tests/runs.py: deploy_until_serving)."""
     cfg, model = request.getfixturevalue(request.param)
     port = free_port()
     cwd = tmp_path_factory.mktemp("qwen3-deploy")
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", "deploy", cfg.name, "--target", "local", "--model-dir", str(model),
-         "--port", str(port)],
-        cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    assert cli.stdout is not None
-    shown = []
-    for line in cli.stdout:
-        shown.append(line)
-        if line.startswith("serving "):
-            break
-    assert shown and shown[-1].startswith("serving "), "".join(shown)
-    try:
-        yield cfg, f"http://127.0.0.1:{port}", "".join(shown), cwd
-    finally:
-        cli.send_signal(signal.SIGINT)
-        rest, _ = cli.communicate(timeout=120)
-        assert cli.returncode == 0, rest
+    arguments = [cfg.name, "--target", "local", "--model-dir", str(model), "--port", str(port)]
+    with deploy_until_serving(arguments, cwd) as shown:
+        yield cfg, f"http://127.0.0.1:{port}", shown, cwd
 
 
 def test_deploy_serves_it_with_the_familys_parsers_after_the_prompt_check(deployed):
