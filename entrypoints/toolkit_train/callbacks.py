@@ -41,6 +41,7 @@ class Metrics(TrainerCallback):
             "grad_norm": logs.get("grad_norm", 0),
             "tokens_per_second": rate,
             "gpu_memory_gib": memory,
+            **{name: logs[name] for name in ("reward", "kl") if name in logs},  # GRPO's
         }
         print(format_metrics(state.global_step, state.max_steps, values), flush=True)
 

@@ -204,10 +204,92 @@ def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
         if isinstance(row.get("analysis"), str) and row["analysis"].strip():
             assistant["thinking"] = row["analysis"]
         return [{"role": "system", "content": system}, {"role": "user", "content": row["user"]}, assistant]
+    if fmt == "prompts":
+        return _prompt_messages(row)
     messages = row.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ValueError("field 'messages' is missing or not a list")
     return messages
+
+
+def _prompt_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `prompts` row (GRPO) as its prompt's messages, followed by its reference answer as an assistant message
+    when it has one (`answer`, else the row's closing assistant reply): `messages`, or the Multilingual-Thinking
+    fields with `final` optional."""
+    if "messages" not in row and isinstance(row.get("user"), str):
+        messages = to_messages({**row, "final": row.get("final") or "-"}, "multilingual-thinking")
+        if not (isinstance(row.get("final"), str) and row["final"].strip()):
+            messages = messages[:-1]
+    else:
+        given = row.get("messages")
+        if not isinstance(given, list) or not given:
+            raise ValueError("field 'messages' is missing or not a list (or give the sample's `user` field)")
+        messages = given
+    reference = row.get("answer")
+    if reference is not None and not (isinstance(reference, str) and reference.strip()):
+        raise ValueError("field 'answer' must be the reference answer's text")
+    while messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        if reference is None and isinstance(messages[-1].get("content"), str) and messages[-1]["content"].strip():
+            reference = messages[-1]["content"]
+        messages = messages[:-1]
+    if not any(isinstance(m, dict) and m.get("role") == "user" for m in messages):
+        raise ValueError("messages: the prompt has no user message; GRPO samples replies to a user's request: add it")
+    answer = [{"role": "assistant", "content": reference}] if reference else []
+    return [*messages, *answer]
+
+
+def to_prompt(row: dict[str, Any], default_effort: str = "medium") -> dict[str, Any]:
+    """A `prompts` row checked as a request: {conversation (normalized, ending before the assistant's turn), answer
+    (the reference or None), reasoning_language (what the prompt asks, or None)}."""
+    from .rewards import asked_language
+
+    messages = to_messages(row, "prompts")
+    answer = messages[-1]["content"] if messages[-1].get("role") == "assistant" else None
+    prompt = messages[:-1] if answer is not None else messages
+    _tool_schemas(row)
+    _field_types(prompt)
+    conversation = harmony.normalize(row, prompt, default_effort, complete=False)
+    language = row.get("reasoning_language") if isinstance(row.get("reasoning_language"), str) else None
+    return {"conversation": conversation, "answer": answer, "reasoning_language": language or asked_language(prompt)}
+
+
+def prompt_dataset(dataset, tokenizer, settings: DataSettings, report: PrepareReport, chat_format: ChatFormat):
+    """GRPO's rows: each prompt rendered as the server renders a request (chat_format.prompt_ids: the family's
+    prompt, the date training and serving agree on), with its reference answer and asked reasoning language; a
+    dataset of prompt (its text, TRL's key), prompt_ids, answer, reasoning_language. Bad rows as in `prepare`."""
+    import datasets
+
+    report.rows_in = len(dataset)
+    places = getattr(dataset, "places", None)
+    columns: dict[str, list] = {"prompt": [], "prompt_ids": [], "answer": [], "reasoning_language": []}
+    for index, row in enumerate(dataset):
+        try:
+            item = to_prompt(row, settings.reasoning_effort)
+            chat_format.validate(item["conversation"], tokenizer)  # a prompt the family's format can render
+            date = harmony.conversation_date(settings.conversation_date)
+            ids = chat_format.prompt_ids(item["conversation"], tokenizer, date)
+        except FormatError as exc:
+            raise DataError(str(exc)) from None
+        except ValueError as exc:
+            where = places[index] if places else f"row {index}"
+            reason = str(exc)
+            report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
+            continue
+        if len(ids) > settings.max_length:
+            report.dropped_overlong += 1
+            continue
+        columns["prompt"].append(tokenizer.decode(ids, skip_special_tokens=False))
+        columns["prompt_ids"].append(ids)
+        columns["answer"].append(item["answer"])
+        columns["reasoning_language"].append(item["reasoning_language"])
+        report.lengths.append(len(ids))
+        report.count(item["conversation"])
+    if report.bad_rows and not settings.skip_bad_rows:
+        raise DataError(_bad_rows_said(report, settings))
+    if not columns["prompt"]:
+        raise DataError(f"no prompts left to train on ({report.rows_in} in, {len(report.bad_rows)} bad, "
+                        f"{report.dropped_overlong} over data.max_length {settings.max_length})")  # fmt: skip
+    return datasets.Dataset.from_dict(columns)
 
 
 def to_conversation(

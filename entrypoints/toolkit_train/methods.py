@@ -30,6 +30,9 @@ class TrainingMethod:
     # its rows are chosen/rejected pairs: tokenized as pairs, packed per micro-batch's pairs, and scored by `toolkit
     # eval` on the held-out pairs by likelihood (nothing generated: no format to check, preference_accuracy to gate on)
     pairs: bool = False
+    # it trains on replies it samples itself from prompt rows, scored by rewards (GRPO): no labelled tokens, nothing
+    # packed, no validation loss; `toolkit eval` generates on the held-out prompts as for SFT
+    samples: bool = False
 
 
 def _dpo_arguments(training: Any) -> dict[str, Any]:
@@ -55,7 +58,36 @@ DPO = TrainingMethod(
     config_arguments=_dpo_arguments,
     pairs=True,
 )
-METHODS: dict[str, TrainingMethod] = {method.name: method for method in (SFT, DPO)}
+
+
+def _grpo_arguments(training: Any) -> dict[str, Any]:
+    grpo = training.grpo
+    return {
+        "num_generations": grpo.num_generations,
+        "max_completion_length": grpo.max_completion_length,
+        "temperature": grpo.temperature,
+        "beta": grpo.beta,  # the KL term's weight; its reference: the same model with the adapter off
+        "reward_weights": [reward.weight for reward in grpo.rewards],
+        "remove_unused_columns": False,  # the rows' reference answers and languages reach the rewards
+        "log_completions": False,
+    }
+
+
+GRPO = TrainingMethod(
+    name="grpo",
+    describes="reinforcement learning with verifiable rewards (GRPO: training.grpo.num_generations replies sampled "
+    "per prompt by the model being trained, scored by training.grpo.rewards, a KL term to the base with the adapter "
+    "off)",
+    reads="prompts",
+    data_formats=("prompts",),
+    format_hint=" (rows with messages up to the user's turn, or the sample's fields; an assistant reply or `answer` "
+    "is the reference)",
+    section="grpo",
+    trl_config="GRPOConfig",
+    config_arguments=_grpo_arguments,
+    samples=True,
+)
+METHODS: dict[str, TrainingMethod] = {method.name: method for method in (SFT, DPO, GRPO)}
 
 
 def method_named(name: str) -> TrainingMethod:
@@ -67,6 +99,11 @@ def method_reading(data_format: str) -> TrainingMethod:
     return next(method for method in METHODS.values() if data_format in method.data_formats)
 
 
-def names(pairs: bool) -> tuple[str, ...]:
-    """The methods whose rows are (or are not) pairs: the applicability table's values."""
-    return tuple(method.name for method in METHODS.values() if method.pairs == pairs)
+def names(pairs: bool | None = None, samples: bool | None = None) -> tuple[str, ...]:
+    """The methods whose rows are (or are not) pairs, that do (or do not) sample their own replies: the
+    applicability table's values."""
+    return tuple(
+        method.name
+        for method in METHODS.values()
+        if (pairs is None or method.pairs == pairs) and (samples is None or method.samples == samples)
+    )

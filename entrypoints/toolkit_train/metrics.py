@@ -19,6 +19,8 @@ FIELDS = {
     "tokens_per_second": ".1f",
     "gpu_memory_gib": ".2f",
     "eval_loss": ".4f",  # on its own line, at data.eval.steps and at the end
+    "reward": ".4f",  # GRPO: the weighted sum of the rewards, the mean over the step's sampled replies
+    "kl": ".4f",  # GRPO: the policy's distance from the base (adapter off), with training.grpo.beta > 0
 }
 SAGEMAKER_METRIC = {"eval_loss": "validation:loss"}  # SageMaker's names where not train:<name>
 _LINE = re.compile(r"(?:^|\] )\[metrics\] step=(\d+)/(\d+)((?: \w+=\S+)*)\s*$")

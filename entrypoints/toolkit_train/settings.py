@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .families import ModelFamily, family_of, known_family
 from .methods import METHODS, SFT, TrainingMethod, method_named, method_reading
+from .rewards import BUILTIN_REWARDS, USER_REWARD
 
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
@@ -257,12 +258,14 @@ class DataSettings(StrictModel):
         f"`{SAMPLE_DATASET}`, `{TOOL_SAMPLE_DATASET}`, `{PREFERENCE_SAMPLE_DATASET}`."
     )
     split: str = Field("train", description="Split to train on.")
-    format: Literal["multilingual-thinking", "messages", "preference"] = Field(
+    format: Literal["multilingual-thinking", "messages", "preference", "prompts"] = Field(
         "multilingual-thinking",
         description="Row schema: HuggingFaceH4/Multilingual-Thinking, or OpenAI chat `messages` (with `tools`, "
         "assistant `tool_calls` and `reasoning`, `tool` messages, `reasoning_effort` per row), or `preference` "
         "pairs for training.method dpo: the prompt's `messages` and a `chosen` and a `rejected` assistant reply "
-        "(each `content`, optional `reasoning`).",
+        "(each `content`, optional `reasoning`), or `prompts` for training.method grpo: `messages` up to the "
+        "user's turn (or the Multilingual-Thinking fields), with an optional reference `answer` (else a closing "
+        "assistant reply is the reference).",
     )
     max_length: int = Field(2048, ge=16, description="Longest tokenized row, in tokens.")
     overlong: Literal["drop", "truncate"] = Field("drop", description="What to do with rows longer than max_length.")
@@ -402,6 +405,64 @@ class DpoSettings(StrictModel):
     )
 
 
+class RewardSetting(StrictModel):
+    """One of GRPO's rewards: a built-in by name, or your function beside the data."""
+
+    name: str = Field(
+        description=f"A built-in ({', '.join(BUILTIN_REWARDS)}) or `file.py:function`: a Python file in the "
+        "data.source directory (uploaded with the data, loaded in the job) whose function takes (prompts, "
+        "completions, **columns) as TRL's reward functions do and returns one float (or None) per completion.",
+    )
+    weight: float = Field(1.0, description="Its weight in the sum GRPO normalises per prompt's group.")
+
+    @field_validator("name")
+    @classmethod
+    def _known_reward(cls, value: str) -> str:
+        if value in BUILTIN_REWARDS or USER_REWARD.fullmatch(value):
+            return value
+        import difflib
+
+        close = difflib.get_close_matches(value, list(BUILTIN_REWARDS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"training.grpo.rewards: unknown reward {value[:60]!r}; {hint}use a built-in "
+            f"({', '.join(BUILTIN_REWARDS)}) or file.py:function (a Python file in the data.source directory)"
+        )
+
+    @field_validator("weight")
+    @classmethod
+    def _weighs(cls, value: float) -> float:
+        if value == 0:
+            raise ValueError("training.grpo.rewards: a weight of 0 scores nothing: remove the reward instead")
+        return value
+
+
+class GrpoSettings(StrictModel):
+    """Group relative policy optimisation (TRL's GRPOTrainer): each prompt's replies sampled by the model being
+    trained, each scored by the rewards, advantages relative to the prompt's group."""
+
+    num_generations: int = Field(4, ge=2, le=64, description="Replies sampled per prompt (the group).")
+    max_completion_length: int = Field(256, ge=8, description="Longest sampled reply, in tokens.")
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature of the replies.")
+    beta: float = Field(
+        0.04, ge=0, description="The KL term's weight (0: none); the reference is the base, adapter off."
+    )
+    rewards: list[RewardSetting] = Field(
+        default_factory=lambda: [RewardSetting(name="format_valid"), RewardSetting(name="reasoning_language")],
+        min_length=1,
+        description="The rewards and their weights; each is logged as rewards/<name>/mean.",
+    )
+
+    @field_validator("rewards")
+    @classmethod
+    def _each_once(cls, value: list[RewardSetting]) -> list[RewardSetting]:
+        names = [reward.name for reward in value]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"training.grpo.rewards: {', '.join(twice)} listed twice: give it one weight")
+        return value
+
+
 class TrainingSettings(StrictModel):
     """The optimisation loop (TRL's trainer of training.method: its record in toolkit_train/methods.py)."""
 
@@ -411,6 +472,7 @@ class TrainingSettings(StrictModel):
         json_schema_extra={"enum": list(METHODS)},
     )
     dpo: DpoSettings = Field(default_factory=DpoSettings, description="training.method dpo: its loss.")
+    grpo: GrpoSettings = Field(default_factory=GrpoSettings, description="training.method grpo: sampling, rewards.")
 
     @field_validator("method")
     @classmethod
@@ -507,7 +569,7 @@ class TrainSettings(StrictModel):
         method, data_format = self.training.method_record, self.data.format
         if data_format not in method.data_formats:
             owner = method_reading(data_format)
-            if owner.pairs:
+            if owner is not SFT:  # conversations are everyone's rows; pairs and prompts name their method
                 raise ValueError(
                     f"data.format {data_format} holds {owner.reads}, which {method.describes.split(' (')[0]} does "
                     f"not read: set training.method: {owner.name}"

@@ -80,7 +80,7 @@ def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     """(training rows, their stats, held-out rows or None, their stats): tokenized, held-out rows set apart first."""
     from . import prepared
-    from .data import PrepareReport, chat_format_of, load_rows, prepare, split_rows
+    from .data import PrepareReport, chat_format_of, load_rows, prepare, prompt_dataset, split_rows
 
     source = data_source(settings, paths)
     made = prepared.check(Path(source), settings.data, settings.model)
@@ -89,6 +89,14 @@ def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     rows, held_out = split_rows(load_rows(source, settings.data.split), settings.data, eval_source(settings, paths))
     report = PrepareReport()
     chat_format = chat_format_of(settings.model)
+    if settings.training.method_record.samples:  # GRPO: prompts; the held-out ones are `toolkit eval`'s, no loss
+        prompts = prompt_dataset(rows, tokenizer, settings.data, report, chat_format)
+        stats = report.summary()
+        referenced = sum(answer is not None for answer in prompts["answer"])
+        log(f"data {source}: {stats['rows_out']} prompts, {stats['tokens']} tokens (max {stats['tokens_max']}); "
+            f"skipped {stats['bad_rows_skipped']} bad, dropped {stats['overlong_dropped']} over "
+            f"{settings.data.max_length}; {referenced} with a reference answer")  # fmt: skip
+        return prompts, stats, None, None
     dataset = prepare(rows, tokenizer, settings.data, report, chat_format)
     stats = report.summary()
     log(

@@ -106,7 +106,8 @@ def compile_layers_for_training(model: Any, settings: TrainSettings) -> int:
 
 def uses_packing(settings: TrainSettings) -> bool:
     """Packed micro-batches of rows: SFT's (DPO packs each micro-batch's pairs instead: packs_pairs)."""
-    return settings.training.packing and not settings.training.method_record.pairs
+    method = settings.training.method_record
+    return settings.training.packing and not method.pairs and not method.samples
 
 
 def packs_pairs(settings: TrainSettings) -> bool:
@@ -143,15 +144,19 @@ def trainer_args(settings: TrainSettings, paths: Paths):
     method = t.method_record
     config_class: Any = getattr(trl, method.trl_config)
     extra.update(method.config_arguments(t))
-    split = settings.data.eval
+    split = settings.data.eval if not method.samples else None  # GRPO has no validation loss
     if split is not None and split.steps:  # and always once at the end (train())
         extra.update(eval_strategy="steps", eval_steps=split.steps)
     if split is not None:  # step 0: the base model's validation loss (LoRA starts as the identity), for toolkit eval
         extra.update(eval_on_start=True)
+    if not method.samples:  # what a labelled row is cut to, and its tokens counted (GRPO's are sampled)
+        extra.update(max_length=settings.data.max_length, include_num_input_tokens_seen="non_padding")
+    # GRPO's micro-batch holds replies: training.per_device_batch_size prompts, each's group of samples
+    replies = t.grpo.num_generations if method.samples else 1
     return config_class(
         output_dir=str(paths.checkpoints),
-        per_device_train_batch_size=1 if packed else t.per_device_batch_size,
-        per_device_eval_batch_size=1 if packed else t.per_device_batch_size,
+        per_device_train_batch_size=1 if packed else t.per_device_batch_size * replies,
+        per_device_eval_batch_size=1 if packed else t.per_device_batch_size * replies,
         prediction_loss_only=True,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
@@ -173,9 +178,7 @@ def trainer_args(settings: TrainSettings, paths: Paths):
         report_to=list(t.report_to) or "none",
         bf16=bf16,
         use_cpu=not on_gpu,
-        max_length=settings.data.max_length,
         ddp_find_unused_parameters=False,
-        include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
         dataloader_drop_last=False,
         **extra,
@@ -288,7 +291,10 @@ def build_trainer(
 
     trainer_class: Any = SFTTrainer
     extra: dict[str, Any] = {}
-    if settings.training.method_record.pairs:
+    if settings.training.method_record.samples:
+        trainer_class, extra = grpo_trainer(settings, paths, model, tokenizer, dataset)
+        eval_dataset = None
+    elif settings.training.method_record.pairs:
         packed = packs_pairs(settings)
         trainer_class = preference_trainer_class(packed)
         layout = "each micro-batch's replies packed in one row, no padding" if packed else "unpacked"
@@ -327,6 +333,37 @@ def build_trainer(
     return trainer
 
 
+def grpo_trainer(
+    settings: TrainSettings, paths: Paths, model: Any, tokenizer: Any, prompts: Any
+) -> tuple[type, dict[str, Any]]:
+    """TRL's GRPOTrainer on the family's own prompt ids (the dataset's prompt_ids, rendered as the server renders a
+    request: TRL would re-tokenize the prompt's text), with training.grpo.rewards as its reward functions."""
+    from trl import GRPOTrainer
+
+    from .data import chat_format_of
+    from .rewards import reward_functions
+    from .train import data_source
+
+    score_trained_positions_only()  # the sampled replies' positions, not the prompts' (CPU: most of a step)
+    ids_of = dict(zip(prompts["prompt"], prompts["prompt_ids"], strict=True))
+
+    class FamilyPrompts(GRPOTrainer):
+        def _tokenize_prompts(self, texts: list):
+            return [list(ids_of[text]) for text in texts], None, {}
+
+    grpo, harmony = settings.training.grpo, chat_format_of(settings.model).name == "harmony"
+    source = Path(data_source(settings, paths))
+    data_dir = (source if source.is_dir() else source.parent) if source.exists() else None
+    ends = model.generation_config.eos_token_id  # where sampling stops, as TRL reads it: a reply that ended itself
+    end_ids = [tokenizer.eos_token_id, *([] if ends is None else [ends] if isinstance(ends, int) else ends)]
+    rewards = reward_functions([r.name for r in grpo.rewards], data_dir, tokenizer, harmony, end_ids,
+                               settings.data.reasoning == "keep")  # fmt: skip
+    log(f"GRPO on {len(prompts)} prompts, {grpo.num_generations} replies each (up to {grpo.max_completion_length} "
+        f"tokens, temperature {grpo.temperature}), rewards {', '.join(f'{r.name} x{r.weight:g}' for r in grpo.rewards)}"
+        f", KL beta {grpo.beta} to the base (adapter off)")  # fmt: skip
+    return FamilyPrompts, {"reward_funcs": rewards}
+
+
 REFERENCE_COPY = "ref"  # the adapter TRL's DPOTrainer adds to a model that comes to it with one
 
 
@@ -336,7 +373,8 @@ def score_trained_positions_only() -> None:
     201k-token vocabulary, that is most of a DPO step (the tiny model's prompts are ~3/4 of its tokens). Nothing is
     compiled on CPU here, and each position's log-probability is its own row's, so scoring the completions alone
     gives the same values (tests/toolkit_train/test_dpo_parity.py compares against plain TRL). Patched on the name
-    TRL's DPO loss reads (trl.trainer.utils, TRL 1.16); TRL's kernels keep their own choice of kernel."""
+    TRL's DPO and GRPO log-probabilities read (trl.trainer.utils, TRL 1.16); TRL's kernels keep their own choice of
+    kernel."""
     import trl.trainer.utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)

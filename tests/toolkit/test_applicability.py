@@ -48,6 +48,9 @@ EXAMPLES = {
     "training.min_lr_rate": "0.2",
     "training.packing": "false",
     "training.dpo": "{beta: 0.2}",
+    "training.grpo": "{num_generations: 8}",
+    "data.loss_on": "all",
+    "data.overlong": "truncate",
     ("registry.gate.metric", "dpo"): "preference_accuracy",  # a field with two rows on one setting: one per row
     ("registry.gate.metric", "sft"): "chrF",
     "registry.gate.min_format_valid": "0.9",
@@ -112,6 +115,9 @@ def _needs(path: str, on: str) -> list[str]:
 
 
 def _models(annotation: typing.Any) -> list[type[BaseModel]]:
+    """The sections a field holds; a list of them (training.grpo.rewards) is one setting, its items no sections."""
+    if typing.get_origin(annotation) is list:
+        return []
     args = typing.get_args(annotation) or (annotation,)
     return [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
 
@@ -210,8 +216,9 @@ def test_every_conditional_row_is_refused_through_the_cli(path, scope):
 
 
 def _rows_for_method(sets: list[str]) -> list[str]:
-    """DPO reads preference rows (settings.py: the method and data.format agree): with training.method=dpo, say so."""
-    return [*sets, "data.format=preference"] if "training.method=dpo" in sets else sets
+    """DPO reads preference rows and GRPO prompts (settings.py: the method and data.format agree): say so."""
+    formats = {"training.method=dpo": "data.format=preference", "training.method=grpo": "data.format=prompts"}
+    return [*sets, *(formats[s] for s in sets if s in formats)]
 
 
 def _yaml_list(on: str, value) -> str:
@@ -397,7 +404,9 @@ TRAINING_OTHER = _prefixed("training", {
     "compile_layers": True, "seed": 7, "save_steps": 3, "save_total_limit": 5, "logging_steps": 2,
     "report_to": ["tensorboard"], "mlflow": {"tracking_uri": "http://127.0.0.1:5000"}, "distributed": "fsdp",
     "fsdp_sharding": "hybrid_shard", "packing": True, "tokens_per_micro_batch": 2048, "merge_adapter": False,
-    "method": "dpo", "dpo.beta": 0.3, "dpo.loss_type": "ipo",
+    "method": "dpo", "dpo.beta": 0.3, "dpo.loss_type": "ipo", "grpo.num_generations": 8,
+    "grpo.max_completion_length": 64, "grpo.temperature": 0.7, "grpo.beta": 0.0,
+    "grpo.rewards": [{"name": "exact_match", "weight": 2.0}],
 })  # fmt: skip
 TRAINING_JOB_OTHER = _prefixed("training_job", {
     "instance_type": "ml.p4d.24xlarge", "instance_count": 2, "image_uri": "registry.example/train:1", "spot": True,

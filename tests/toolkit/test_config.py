@@ -29,6 +29,7 @@ def test_presets_are_the_documented_ones():
         "qwen3-8b-lora",
         "tiny-gemma-local",
         "tiny-gpt-oss-dpo",
+        "tiny-gpt-oss-grpo",
         "tiny-gpt-oss-local",
         "tiny-gpt-oss-tools-local",
         "tiny-llama-local",

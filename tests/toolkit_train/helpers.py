@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,38 @@ def run_entrypoint(root: Path, timeout: int = 600) -> subprocess.CompletedProces
 
 def losses(stdout: str) -> list[float]:
     return [float(line.split("loss=")[1].split()[0]) for line in stdout.splitlines() if line.startswith("[metrics]")]
+
+
+def steps(stdout: str) -> dict[int, str]:
+    """Each logged step's loss and gradient norm as the run printed them (`[metrics] step=N/M loss=.. grad_norm=..`)."""
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("[metrics] step="):
+            fields = dict(pair.split("=", 1) for pair in line.split()[1:])
+            found[int(fields["step"].split("/")[0])] = f"loss={fields['loss']} grad_norm={fields['grad_norm']}"
+    return found
+
+
+def adapter_tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def entrypoint(root, fault: str | None = None, sigterm_at: str | None = None) -> tuple[int, str]:
+    """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (faults.py, as
+    test_faults.py kills SFT runs); sigterm_at: SIGTERM once this line appears (spot, scancel, StopTrainingJob)."""
+    from toolkit_train.faults import FAULT_POINT_ENV
+
+    env = {**entrypoint_env(root), **({FAULT_POINT_ENV: fault} if fault else {})}
+    process = subprocess.Popen(
+        [sys.executable, str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if sigterm_at is not None and sigterm_at in line:
+            process.send_signal(signal.SIGTERM)
+            sigterm_at = None
+    return process.wait(timeout=600), "".join(seen)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out, losses
+from tests.toolkit_train.helpers import adapter_tensors, entrypoint, lay_out, losses, steps
 
 pytestmark = pytest.mark.integration
 
@@ -82,41 +80,6 @@ def test_a_pair_is_its_served_prompt_and_each_reply_as_training_renders_it(tmp_p
     assert "2 of 4 rows are not valid 'preference' rows" in message and "\n" not in message
     assert "line 3: field 'rejected' must be the assistant's reply" in message
     assert "line 4: chosen and rejected are the same reply" in message
-
-
-def steps(stdout: str) -> dict[int, str]:
-    """Each logged step's loss and gradient norm as the run printed them (`[metrics] step=N/M loss=.. grad_norm=..`)."""
-    found = {}
-    for line in stdout.splitlines():
-        if line.startswith("[metrics] step="):
-            fields = dict(pair.split("=", 1) for pair in line.split()[1:])
-            found[int(fields["step"].split("/")[0])] = f"loss={fields['loss']} grad_norm={fields['grad_norm']}"
-    return found
-
-
-def adapter_tensors(path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(path / "adapter_model.safetensors"))
-
-
-def entrypoint(root, fault: str | None = None, sigterm_at: str | None = None) -> tuple[int, str]:
-    """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (faults.py, as
-    test_faults.py kills SFT runs); sigterm_at: SIGTERM once this line appears (spot, scancel, StopTrainingJob)."""
-    from toolkit_train.faults import FAULT_POINT_ENV
-
-    env = {**entrypoint_env(root), **({FAULT_POINT_ENV: fault} if fault else {})}
-    process = subprocess.Popen(
-        [sys.executable, str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert process.stdout is not None
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if sigterm_at is not None and sigterm_at in line:
-            process.send_signal(signal.SIGTERM)
-            sigterm_at = None
-    return process.wait(timeout=600), "".join(seen)
 
 
 def test_dpo_killed_then_stopped_resumes_each_time_with_the_base_as_reference_and_merges(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from toolkit_train import methods
-from toolkit_train.methods import METHODS, method_reading
+from toolkit_train.methods import METHODS, SFT, method_reading
 from toolkit_train.settings import DataSettings, ModelSettings, TrainSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def test_each_method_reads_its_own_formats_and_refuses_anothers_naming_the_fix(m
             with pytest.raises(ValidationError) as refused:
                 settings(method.name, data_format)
             said = str(refused.value)
-            fix = f"training.method: {other.name}" if other.pairs else f"data.format: {method.data_formats[0]}"
+            fix = f"training.method: {other.name}" if other is not SFT else f"data.format: {method.data_formats[0]}"
             assert fix in said, said
             assert method_reading(data_format) is other
 
@@ -78,7 +78,8 @@ def test_each_records_trl_config_takes_the_arguments_the_method_adds():
         config = config_class(output_dir="/nonexistent", bf16=False, **method.config_arguments(training))
         for key, value in method.config_arguments(training).items():
             assert getattr(config, key) == value, (method.name, key)
-    assert methods.names(pairs=True) == ("dpo",) and methods.names(pairs=False) == ("sft",)
+    assert methods.names(pairs=True) == ("dpo",) and methods.names(pairs=False) == ("sft", "grpo")
+    assert methods.names(samples=True) == ("grpo",) and methods.names(pairs=False, samples=False) == ("sft",)
 
 
 SAMPLE_OF = {False: "builtin:multilingual-thinking-sample", True: "builtin:preference-sample"}
@@ -92,13 +93,17 @@ def test_every_method_prepares_its_sample_for_every_family(method, model_id):
     renders in the family's chat format with trained tokens in every example, or is refused in one line whose fix
     (data.reasoning: drop, for a template with no reasoning field) then renders it, or, for pairs that differ only
     in their reasoning (the bundled preference sample), refuses them in one line: nothing left to prefer."""
-    from toolkit_train.data import DataError, chat_format_of, load_rows, prepare
+    from toolkit_train.data import DataError, PrepareReport, chat_format_of, load_rows, prepare, prompt_dataset
     from toolkit_train.model import load_tokenizer
 
     train = settings(method.name, method.data_formats[0])
     model = ModelSettings(id=model_id)
     data = DataSettings(source=SAMPLE_OF[method.pairs], format=method.data_formats[0], max_length=1024)
     tokenizer, chat_format, rows = load_tokenizer(model), chat_format_of(model), load_rows(data.source)
+    if method.samples:  # GRPO: the sample's prompts, as the family's server renders a request (no reasoning in them)
+        prompts = prompt_dataset(rows, tokenizer, data, PrepareReport(), chat_format)
+        assert len(prompts) == len(rows) and all(prompts["prompt_ids"]) and all(prompts["answer"])
+        return
     try:
         prepared = prepare(rows, tokenizer, data, chat_format=chat_format)
     except DataError as exc:

@@ -123,6 +123,18 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
         "the family's chat template has no reasoning effort",
         where=_renders_harmony,
     ),
+    "data.loss_on": Scope(
+        "training.method",
+        methods.names(pairs=False, samples=False),
+        "remove it",
+        "DPO scores whole replies and GRPO the replies it samples; only supervised fine-tuning masks its rows' tokens",
+    ),
+    "data.overlong": Scope(
+        "training.method",
+        methods.names(samples=False),
+        "remove it: a prompt over data.max_length is dropped",
+        "GRPO samples the replies; a prompt is never cut",
+    ),
     # -- shared training settings ------------------------------------------------------------------------------
     "training.fsdp_sharding": Scope(
         "training.distributed", ("fsdp",), "remove it, or set training.distributed: fsdp", "ddp does not shard"
@@ -144,10 +156,16 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
         ),
         Scope(
             "training.method",
-            methods.names(pairs=False),
-            "remove it: DPO batches training.per_device_batch_size pairs",
-            "DPO packs the replies of a micro-batch's pairs, whatever their tokens",
+            methods.names(pairs=False, samples=False),
+            "remove it: DPO batches training.per_device_batch_size pairs, GRPO as many prompts",
+            "DPO packs the replies of a micro-batch's pairs, whatever their tokens; GRPO packs nothing",
         ),
+    ),
+    "training.grpo": Scope(
+        "training.method",
+        (methods.GRPO.name,),
+        "remove it, or set training.method: grpo",
+        "only GRPO samples replies and scores them by rewards",
     ),
     "training.dpo": Scope(
         "training.method",

@@ -32,8 +32,6 @@ from toolkit_train.layout import RUN_RECORD
 from toolkit.config import Config
 from toolkit.errors import BadInput
 
-REASONING_LANGUAGE = re.compile(r"reasoning language:\s*([^\n]+)", re.IGNORECASE)
-
 
 class EvalInputError(BadInput):
     """What `toolkit eval` cannot run on: no held-out rows, no trained model."""
@@ -114,14 +112,13 @@ def held_out(config: Config, read: Callable[[dict], Any]) -> list[tuple[str, Any
 def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
     """The rows data.eval holds out, as prompts with their reference answers."""
     from toolkit_train.data import to_messages
+    from toolkit_train.rewards import asked_language
 
     rows = []
     for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
-        system = " ".join(m["content"] for m in messages[:-1] if m["role"] in ("system", "developer"))
-        language = REASONING_LANGUAGE.search(system) if config.writes_reasoning else None
+        language = asked_language(messages[:-1]) if config.writes_reasoning else None
         prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
-        rows.append(EvalRow(where, prompt, messages[-1]["content"], language.group(1).strip() if language else None,
-                            config.writes_reasoning))  # fmt: skip
+        rows.append(EvalRow(where, prompt, messages[-1]["content"], language, config.writes_reasoning))
     return rows[:limit] if limit else rows
 
 

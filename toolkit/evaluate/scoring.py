@@ -24,13 +24,6 @@ def _rouge():
     return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
 
 
-@cache
-def _detector():
-    from lingua import LanguageDetectorBuilder
-
-    return LanguageDetectorBuilder.from_all_languages().build()  # models load lazily, per language met
-
-
 def rouge_l(generated: Any) -> float | None:
     return _rouge().score(generated.row.reference, generated.content)["rougeL"].fmeasure
 
@@ -42,18 +35,11 @@ def chrf(generated: Any) -> float | None:
 
 
 def reasoning_language(generated: Any) -> float | None:
-    """1 when the analysis channel is in the language the row asks for; None for rows that ask for none."""
-    from lingua import Language
+    """1 when the analysis channel is in the language the row asks for; None for rows that ask for none (GRPO's
+    reasoning_language reward, the same function)."""
+    from toolkit_train.rewards import language_matches
 
-    wanted = generated.row.reasoning_language
-    if not wanted:
-        return None
-    try:
-        language = Language.from_str(wanted)
-    except ValueError:
-        return None  # a language the identifier does not know: not scored
-    found = _detector().detect_language_of(generated.reasoning) if generated.reasoning.strip() else None
-    return float(found == language)
+    return language_matches(generated.reasoning, generated.row.reasoning_language)
 
 
 def runaway(text: str) -> bool:
