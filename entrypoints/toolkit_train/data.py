@@ -271,9 +271,7 @@ def prompt_dataset(dataset, tokenizer, settings: DataSettings, report: PrepareRe
         except FormatError as exc:
             raise DataError(str(exc)) from None
         except ValueError as exc:
-            where = places[index] if places else f"row {index}"
-            reason = str(exc)
-            report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
+            _bad_row(report, places, index, exc)
             continue
         if len(ids) > settings.max_length:
             report.dropped_overlong += 1
@@ -470,9 +468,7 @@ def prepare(
         except FormatError as exc:  # no row can be rendered for this tokenizer
             raise DataError(str(exc)) from None
         except ValueError as exc:
-            where = places[index] if places else f"row {index}"
-            reason = str(exc)  # a row that did not parse says where already
-            report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
+            _bad_row(report, places, index, exc)
     if report.bad_rows and not settings.skip_bad_rows:
         raise DataError(_bad_rows_said(report, settings))
     import datasets
@@ -488,6 +484,13 @@ def prepare(
         raise DataError(str(exc)) from None
     report.assistant_turns = len(tokenized)
     return _enforce_length(tokenized, settings, report)
+
+
+def _bad_row(report: PrepareReport, places: list[str] | None, index: int, exc: ValueError) -> None:
+    """A refused row, kept with where it is (its file and line, or its index) for the one-line refusal."""
+    where = places[index] if places else f"row {index}"
+    reason = str(exc)  # a row that did not parse says where already
+    report.bad_rows.append((index, reason if reason.startswith(where) else f"{where}: {reason}"))
 
 
 def _bad_rows_said(report: PrepareReport, settings: DataSettings) -> str:

@@ -502,8 +502,8 @@ class Config(TrainSettings):
     def _micro_batch_below_what_ran_out_of_memory(self) -> Config:
         """A packed micro-batch measured to run out of memory on this GPU fails only after the job has loaded."""
         budget, training, gpu = self.micro_batch_tokens(), self.training, self.training_gpu()
-        if gpu is None or not training.packing or training.distributed != "ddp":
-            return self
+        if gpu is None or not training.packing or training.method_record.samples or training.distributed != "ddp":
+            return self  # GRPO packs nothing
         gpu_gib, instance_type, larger = gpu
         measured = MICRO_BATCH_LIMITS.get((self.model.id, self.model.experts, gpu_gib))
         if measured and budget >= measured.out_of_memory:
@@ -577,7 +577,8 @@ class Config(TrainSettings):
         """The checks that need a GPU's size and had none to read (target local on a machine without GPUs)."""
         if self.target_settings().gpu_instance() is not None or local_gpus():
             return []
-        return ["the model fits one GPU under ddp", "the packed micro-batch fits the GPU (measured limits)"]
+        packed = self.training.packing and not self.training.method_record.samples  # GRPO packs nothing
+        return ["the model fits one GPU under ddp"] + ["the packed micro-batch fits the GPU (measured limits)"] * packed
 
     def gpus(self) -> int:
         """Training processes (one per GPU) the target runs: the world size the job will see."""
@@ -590,6 +591,14 @@ class Config(TrainSettings):
         accumulation = t.gradient_accumulation_steps
         rows_unpacked = t.per_device_batch_size * accumulation * world
         lines = [f"{world} GPU process(es) x {accumulation} micro-batch(es) per optimizer step"]
+        if t.method_record.samples:
+            grpo = t.grpo
+            lines.append(
+                f"GRPO: {rows_unpacked} prompts per optimizer step ({t.per_device_batch_size} per micro-batch), "
+                f"{grpo.num_generations} replies sampled for each, up to {grpo.max_completion_length:,} tokens: "
+                f"{rows_unpacked * grpo.num_generations} replies scored by {len(grpo.rewards)} reward(s)"
+            )
+            return lines  # nothing packed, no labelled tokens
         if t.method_record.pairs:
             layout = "one packed row, no padding" if t.packing else "padded rows (training.packing: false)"
             lines.append(

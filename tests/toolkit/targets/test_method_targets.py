@@ -1,11 +1,12 @@
-"""Every target renders a DPO run (`toolkit train tiny-gpt-oss-dpo --target ... --dry-run`): offline, without
+"""Every target renders a run of each method beyond SFT (`toolkit train tiny-gpt-oss-dpo|tiny-gpt-oss-grpo --target ...
+--dry-run`): offline, without
 credentials, creating nothing, validated as the SFT renders are (the CreateTrainingJob request against botocore's
 service model, the HyperPodPyTorchJob and its ConfigMap against the HyperPod SDK's and the Kubernetes client's
 models, the sbatch script by bash; test_hyperpod_slurm.py submits the DPO preset to a real two-node cluster).
 What each carries to the entrypoint is read back with the entrypoint's own parser
-(toolkit_train.settings.from_hyperparameters, as train.py's read_settings does): training.method dpo, training.dpo
-and the preference rows, exactly the config's settings. Cheap: nothing trains (tests/toolkit_train/test_dpo.py trains
-DPO through the entrypoint)."""
+(toolkit_train.settings.from_hyperparameters, as train.py's read_settings does): training.method, its own section
+(training.dpo, training.grpo with its rewards) and its rows' format, exactly the config's settings. Cheap: nothing
+trains (tests/toolkit_train/test_dpo.py and test_grpo.py train them through the entrypoint)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tests.openapi_check import errors
 from toolkit.cli import app
 from toolkit.config import load_config
 
-PRESET = "tiny-gpt-oss-dpo"
+PRESETS = {"dpo": "tiny-gpt-oss-dpo", "grpo": "tiny-gpt-oss-grpo"}  # each method's tiny preset
 IMAGE = "acct.dkr.ecr.us-east-1.amazonaws.com/train:1"
 TARGETS = {
     "training-job": ["--target", "training-job", "--set", "aws.role=arn:aws:iam::123456789012:role/toolkit-execution",
@@ -57,49 +58,55 @@ def offline(tmp_path, monkeypatch):
     return work
 
 
-def render(target: str, *extra: str) -> str:
-    result = CliRunner().invoke(app, ["train", PRESET, *TARGETS[target], *extra, "--dry-run"])
+def render(preset: str, target: str, *extra: str) -> str:
+    result = CliRunner().invoke(app, ["train", preset, *TARGETS[target], *extra, "--dry-run"])
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output[-3000:]
     return result.stdout
 
 
-def the_config(target: str, *extra: str):
+def the_config(preset: str, target: str, *extra: str):
     """The config the CLI resolved: --target and each --set, as overrides."""
     args = [*TARGETS[target], *extra]
     overrides = [value for flag, value in itertools.pairwise(args) if flag == "--set"]
     name = args[args.index("--target") + 1]
-    return load_config(PRESET, [f"target={name}", *overrides])
+    return load_config(preset, [f"target={name}", *overrides])
 
 
-def assert_carries_dpo(hyperparameters: dict, config) -> None:
-    """What the entrypoint reads (train.py read_settings) is the config's DPO run, whole."""
+def assert_carries_the_method(hyperparameters: dict, config) -> None:
+    """What the entrypoint reads (train.py read_settings) is the config's run, whole: its method, the method's own
+    section as the preset sets it (not the defaults), its rows' format and source."""
     from toolkit_train.settings import from_hyperparameters
 
     settings = from_hyperparameters(hyperparameters)
-    assert settings.training.method == "dpo" and settings.data.format == "preference"
-    assert settings.training.dpo.model_dump() == {"beta": 0.01, "loss_type": "sigmoid"}  # the preset's, not the default
-    assert settings.data.source == "builtin:preference-sample"  # shipped with the entrypoint's code
+    method = config.training.method_record
+    assert settings.training.method == method.name and settings.data.format == method.data_formats[0]
+    assert method.section is not None
+    section = getattr(settings.training, method.section).model_dump()
+    assert section == getattr(config.training, method.section).model_dump()
+    assert section != type(getattr(config.training, method.section))().model_dump()  # the preset's, not the default
+    assert settings.data.source.startswith("builtin:")  # shipped with the entrypoint's code
     assert settings == config.train_settings()
 
 
+@pytest.mark.parametrize("method", list(PRESETS))
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_every_target_renders_a_dpo_run_offline_for_the_entrypoint(target, offline, tmp_path):
+def test_every_target_renders_each_methods_run_offline_for_the_entrypoint(target, method, offline, tmp_path):
     shared = tmp_path / "fsx"
     extra = ["--set", f"hyperpod.fsx.mount_path={shared}"] if target == "hyperpod-slurm" else []
-    rendered = render(target, *extra)
-    config = the_config(target, *extra)
+    rendered = render(PRESETS[method], target, *extra)
+    config = the_config(PRESETS[method], target, *extra)
     if target == "training-job":
         request = json.loads(rendered)
         assert_valid("sagemaker", "CreateTrainingJob", request)
-        assert json.loads(request["HyperParameters"]["training.method"]) == "dpo"
-        assert_carries_dpo(request["HyperParameters"], config)
+        assert json.loads(request["HyperParameters"]["training.method"]) == method
+        assert_carries_the_method(request["HyperParameters"], config)
     elif target == "hyperpod-eks":
         documents = list(yaml.safe_load_all(rendered))
         config_map, job = documents
         assert [config_map["kind"], job["kind"]] == ["ConfigMap", "HyperPodPyTorchJob"]
         assert errors(config_map, "V1ConfigMap") == []
         assert hyperpod_sdk_problems(documents) == []
-        assert_carries_dpo(json.loads(config_map["data"]["hyperparameters.json"]), config)
+        assert_carries_the_method(json.loads(config_map["data"]["hyperparameters.json"]), config)
     else:
         # the script runs the entrypoint on the job directory; its settings are what the submit stages there
         # (toolkit.targets.hyperpod.stage, called here as the submit calls it, into this test's stand-in for FSx)
@@ -112,7 +119,7 @@ def test_every_target_renders_a_dpo_run_offline_for_the_entrypoint(target, offli
         assert checked.returncode == 0, checked.stderr
         stage(config, root, fresh=False)
         assert (root / "code" / "toolkit_train" / "train.py").is_file()
-        assert_carries_dpo(json.loads((root / "input" / "config" / "hyperparameters.json").read_text()), config)
+        assert_carries_the_method(json.loads((root / "input" / "config" / "hyperparameters.json").read_text()), config)
     assert list(offline.iterdir()) == []  # nothing created where it ran
 
 
