@@ -337,7 +337,8 @@ def grpo_trainer(
     settings: TrainSettings, paths: Paths, model: Any, tokenizer: Any, prompts: Any
 ) -> tuple[type, dict[str, Any]]:
     """TRL's GRPOTrainer on the family's own prompt ids (the dataset's prompt_ids, rendered as the server renders a
-    request: TRL would re-tokenize the prompt's text), with training.grpo.rewards as its reward functions."""
+    request: TRL would re-tokenize the prompt's text), with training.grpo.rewards as its reward functions; the KL
+    term's reference is the base, adapter off (base_as_reference)."""
     from trl import GRPOTrainer
 
     from .data import chat_format_of
@@ -347,7 +348,7 @@ def grpo_trainer(
     score_trained_positions_only()  # the sampled replies' positions, not the prompts' (CPU: most of a step)
     ids_of = dict(zip(prompts["prompt"], prompts["prompt_ids"], strict=True))
 
-    class FamilyPrompts(GRPOTrainer):
+    class FamilyPrompts(base_as_reference(GRPOTrainer)):  # type: ignore[misc]
         def _tokenize_prompts(self, texts: list):
             return [list(ids_of[text]) for text in texts], None, {}
 
@@ -388,28 +389,17 @@ def score_trained_positions_only() -> None:
     trl_utils._use_triton = compact
 
 
-def preference_trainer_class(packed: bool = False) -> type:
-    """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
-    rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
-    what vLLM serves gpt-oss with.
+def base_as_reference(trainer_class: Any) -> Any:
+    """A TRL trainer whose reference is the base with the adapter switched off (DPO's, and GRPO's KL term). TRL 1.16,
+    handed a model that is a PEFT model already (model.add_lora: seeded, packed MXFP4 experts), takes it for one
+    re-training an existing adapter and adds a frozen copy of it, "ref", as the reference: the fresh adapter's copy
+    (lora_B = 0), the base's outputs computed through a second set of LoRA layers, saved into every checkpoint and
+    into model/adapter (a `ref/` folder beside the adapter) and, on resume, loaded back from the checkpoint. It is
+    deleted here, once TRL made it: without it TRL's reference forward runs under `disable_adapter()`
+    (trl.trainer.utils.use_adapter(model, None)), the base itself, the same on a resumed run as on the first
+    (tests/toolkit_train/test_dpo.py and test_grpo.py: the resumed run equals the uninterrupted one)."""
 
-    The reference is the base with the adapter switched off. TRL 1.16, handed a model that is a PEFT model already
-    (model.add_lora: seeded, packed MXFP4 experts), takes it for one re-training an existing adapter and adds a frozen
-    copy of it, "ref", as the reference: the fresh adapter's copy (lora_B = 0), the base's outputs computed through
-    a second set of LoRA layers, saved into every checkpoint and into model/adapter (a `ref/` folder beside the
-    adapter) and, on resume, loaded back from the checkpoint. It is deleted here, once TRL made it: without it TRL's
-    reference forward runs under `disable_adapter()` (trl.trainer.utils.use_adapter(model, None)), the base itself,
-    the same on a resumed run as on the first (tests/toolkit_train/test_dpo.py: the resumed losses equal the
-    uninterrupted run's).
-
-    packed: TRL's loss, its forwards made through a decoder that packs the padded replies into one row
-    (packing.pairs_packed; TRL 1.16's own padding_free is disabled for DPO). Its name, `_compute_loss`, is TRL 1.16's
-    (tests/toolkit_train/test_dpo_parity.py compares it with plain TRL, packed and not)."""
-    from trl import DPOTrainer
-
-    score_trained_positions_only()
-
-    class PreferenceTrainer(DPOTrainer):
+    class BaseAsReference(trainer_class):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             from .model import packed_experts_as_targets
 
@@ -423,6 +413,22 @@ def preference_trainer_class(packed: bool = False) -> type:
             if REFERENCE_COPY in adapters and len(adapters) > 1:
                 model.delete_adapter(REFERENCE_COPY)  # frozen, never active: the trained one is untouched
 
+    return BaseAsReference
+
+
+def preference_trainer_class(packed: bool = False) -> type:
+    """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
+    rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
+    what vLLM serves gpt-oss with. The reference: the base, adapter off (base_as_reference).
+
+    packed: TRL's loss, its forwards made through a decoder that packs the padded replies into one row
+    (packing.pairs_packed; TRL 1.16's own padding_free is disabled for DPO). Its name, `_compute_loss`, is TRL 1.16's
+    (tests/toolkit_train/test_dpo_parity.py compares it with plain TRL, packed and not)."""
+    from trl import DPOTrainer
+
+    score_trained_positions_only()
+
+    class PreferenceTrainer(base_as_reference(DPOTrainer)):  # type: ignore[misc]
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return dataset
 

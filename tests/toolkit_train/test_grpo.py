@@ -99,6 +99,21 @@ def test_replies_are_parsed_by_channel_and_format_valid_asks_what_the_eval_asks(
     assert format_valid(no_reasoning, writes_reasoning=False) == 1.0  # a model trained without reasoning
 
 
+def test_a_chat_templates_reply_is_parsed_by_its_think_block(tiny_qwen3_path):
+    """Qwen3's replies (a chat-template family): the <think> block is the reasoning, what follows the answer, the
+    end-of-turn token the end."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_path)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer.encode("<think>\nDer Nutzer fragt.\n</think>\n\nZehn.<|im_end|>", add_special_tokens=False)
+    reply = parse_reply(ids, tokenizer, False, [end])
+    assert (reply.reasoning, reply.content, reply.finished, reply.leaked) == ("Der Nutzer fragt.", "Zehn.", True, False)
+    unthought = parse_reply(tokenizer.encode("Zehn.", add_special_tokens=False), tokenizer, False, [end])
+    assert (unthought.reasoning, unthought.content, unthought.finished) == ("", "Zehn.", False)
+    assert format_valid(reply, writes_reasoning=True) == 1.0 and format_valid(unthought, writes_reasoning=False) == 0.0
+
+
 def test_each_builtin_reward_scores_its_rows_and_leaves_out_rows_it_does_not_apply_to(tokenizer):
     names = ["format_valid", "reasoning_language", "exact_match", "regex_match"]
     rewards = reward_functions(names, None, tokenizer, True, [tokenizer.eos_token_id], True)
@@ -200,3 +215,30 @@ def test_grpo_killed_then_stopped_resumes_to_the_uninterrupted_adapter_and_merge
         assert 0 <= entry["rewards/format_valid/mean"] <= 1 and "kl" in entry
     assert (root / "model" / "adapter" / "adapter_model.safetensors").is_file()
     assert (root / "model" / "merged" / "config.json").is_file()
+    # the KL term's reference is the base, adapter off: no frozen "ref" copy of the adapter saved anywhere
+    assert not [p for p in [*saved.rglob("ref"), *(root / "model").rglob("ref")] if p.is_dir()]
+
+
+@pytest.mark.parametrize("experts", ["bf16", "mxfp4"])
+def test_grpos_reference_is_the_base_with_the_adapter_off_on_packed_experts_too(experts, tmp_path):
+    """TRL, handed the toolkit's PEFT model, would add a frozen "ref" copy of the adapter as the KL term's reference
+    (saved beside the adapter, and on packed MXFP4 experts with expert LoRA, a crash: ModuleDict has no attribute
+    'ref', found by the GPU bench's CPU smoke). The trainer holds one adapter, the trained one; TRL then scores the
+    reference with the adapter off: the base."""
+    from toolkit_train.layout import Paths
+    from toolkit_train.model import load_tokenizer
+    from toolkit_train.trainer import build_trainer, load_for_training
+
+    from toolkit.config import load_config
+
+    mxfp4 = ["model.id=builtin:tiny-gpt-oss-mxfp4", "model.experts=mxfp4"] if experts == "mxfp4" else []
+    settings = load_config("tiny-gpt-oss-grpo", [*mxfp4, "data.eval=null"]).train_settings()
+    tokenizer = load_tokenizer(settings.model)
+    rows = list(load_rows(SAMPLE))[:4]
+    prompts = prompt_dataset(rows, tokenizer, settings.data, PrepareReport(), HARMONY)
+    model, _, _ = load_for_training(settings)
+    paths = Paths(root=tmp_path, model_dir=tmp_path / "model", checkpoints=tmp_path / "checkpoints",
+                  train_channel=tmp_path / "train", output_data=tmp_path)  # fmt: skip
+    trainer = build_trainer(settings, paths, model, tokenizer, prompts)
+    assert list(trainer.model.peft_config) == ["default"]
+    assert settings.lora.target_parameters  # expert LoRA on the (packed) experts, the preset's
