@@ -18,6 +18,7 @@ RESULTS = REPO / "docs" / "results"
 RECORDS = {
     "main-job.json": (REPO / "README.md", "tiny-gpt-oss-local"),
     "dpo.json": (REPO / "docs" / "preference-tuning.md", "tiny-gpt-oss-dpo"),
+    "grpo.json": (REPO / "docs" / "grpo.md", "tiny-gpt-oss-grpo"),
 }
 
 

@@ -74,7 +74,8 @@ EXTRA_OF_MODULE = {
     "boto3": "aws", "botocore": "aws", "sagemaker": "aws", "kubernetes": "aws",
     "torch": "train", "transformers": "train", "peft": "train", "trl": "train", "datasets": "train",
     "accelerate": "train", "openai_harmony": "train", "jsonschema": "train", "tiktoken": "train",
-    "rouge_score": "eval", "sacrebleu": "eval", "lingua": "eval", "matplotlib": "eval", "lm_eval": "eval",
+    "lingua": "train",  # the reasoning-language detector: GRPO's reward and `toolkit eval`'s metric
+    "rouge_score": "eval", "sacrebleu": "eval", "matplotlib": "eval", "lm_eval": "eval",
 }  # fmt: skip
 WHAT_EXTRA_GIVES = {
     "aws": "the AWS verbs (training jobs, HyperPod, endpoints, the registry, infra, images)",

@@ -3,8 +3,8 @@ None where it does not apply to the row (TRL leaves those out of the mean).
 
 Built-ins, by name (training.grpo.rewards):
 - format_valid: the reply is a well-formed answer of the model's family: it ended by itself (its end-of-message
-  token, not the length limit), has an answer, has its reasoning apart where the model writes reasoning, and shows
-  no raw special token; the eval's format_valid asks the same of a served reply.
+  token, not the length limit), has an answer, has its reasoning apart where the model writes reasoning, shows no
+  raw special token and no runaway repetition; the eval's format_valid asks the same of a served reply.
 - reasoning_language: the reasoning is written in the language the prompt asks for ("reasoning language: X" in the
   system prompt, or the row's `reasoning_language`): the seeds' skill, detected as `toolkit eval` detects it.
 - exact_match: the answer equals the row's reference (`answer`, else the closing assistant reply), case and
@@ -96,10 +96,25 @@ def asked_language(messages: Sequence[dict[str, Any]]) -> str | None:
     return found.group(1).strip() if found else None
 
 
+REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
+RUNAWAY_SHARE = 0.3
+
+
+def runaway(text: str) -> bool:
+    """A runaway repetition (`toolkit eval`'s format check and the format_valid reward alike)."""
+    words = text.split()
+    if len(words) < 4 * REPEATED_NGRAM:
+        return False
+    grams = [tuple(words[i : i + REPEATED_NGRAM]) for i in range(len(words) - REPEATED_NGRAM + 1)]
+    most = max(grams.count(g) for g in set(grams))
+    return most * REPEATED_NGRAM / len(words) >= RUNAWAY_SHARE
+
+
 def format_valid(reply: Reply, writes_reasoning: bool) -> float:
     answered = bool(reply.content.strip())
     reasoned = bool(reply.reasoning.strip()) or not writes_reasoning
-    return float(reply.finished and answered and reasoned and not reply.leaked)
+    repeated = runaway(reply.reasoning) or runaway(reply.content)
+    return float(reply.finished and answered and reasoned and not reply.leaked and not repeated)
 
 
 def _normalized(text: str) -> str:

@@ -94,7 +94,8 @@ def test_replies_are_parsed_by_channel_and_format_valid_asks_what_the_eval_asks(
     no_answer = parse_reply(sampled(tokenizer, "Der Nutzer fragt.", None) + ends, tokenizer, True, ends)
     no_reasoning = parse_reply(sampled(tokenizer, None, "Zehn."), tokenizer, True, ends)
     leaked = parse_reply(sampled(tokenizer, "x", "Zehn.<|start|>user"), tokenizer, True, ends)
-    for reply in (cut, no_answer, no_reasoning, leaked):
+    looping = parse_reply(sampled(tokenizer, "Der Nutzer fragt. " * 2, "zehn und zehn " * 12), tokenizer, True, ends)
+    for reply in (cut, no_answer, no_reasoning, leaked, looping):
         assert format_valid(reply, writes_reasoning=True) == 0.0, reply
     assert format_valid(no_reasoning, writes_reasoning=False) == 1.0  # a model trained without reasoning
 

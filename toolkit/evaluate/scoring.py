@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from toolkit_train.rewards import runaway
+
 from toolkit.config.metrics import EVAL_METRICS, FORMAT_VALID, PREFERENCE_ACCURACY
 from toolkit.deploy.client import reply_problems
-
-REPEATED_NGRAM = 4  # a reply whose most frequent word 4-gram fills this share of it is a runaway repetition
-RUNAWAY_SHARE = 0.3
 
 
 @cache
@@ -40,15 +39,6 @@ def reasoning_language(generated: Any) -> float | None:
     from toolkit_train.rewards import language_matches
 
     return language_matches(generated.reasoning, generated.row.reasoning_language)
-
-
-def runaway(text: str) -> bool:
-    words = text.split()
-    if len(words) < 4 * REPEATED_NGRAM:
-        return False
-    grams = [tuple(words[i : i + REPEATED_NGRAM]) for i in range(len(words) - REPEATED_NGRAM + 1)]
-    most = max(grams.count(g) for g in set(grams))
-    return most * REPEATED_NGRAM / len(words) >= RUNAWAY_SHARE
 
 
 def format_problems(generated: Any) -> list[str]:
