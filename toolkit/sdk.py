@@ -276,7 +276,17 @@ def _first_rows_render(cfg: Config, only_what_is_here: bool = False) -> None:
     remote data is checked where the job runs (a dry run reaches no network)."""
     if importlib.util.find_spec("transformers") is None:  # `pip install .` without the train extra: the job checks
         return
-    from toolkit_train.data import SAMPLE_PATH, DataError, chat_format_of, data_files, prepare, read_json_rows, take
+    from toolkit_train.data import (
+        SAMPLE_PATH,
+        DataError,
+        PrepareReport,
+        chat_format_of,
+        data_files,
+        prepare,
+        prompt_dataset,
+        read_json_rows,
+        take,
+    )
     from toolkit_train.model import load_tokenizer
     from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
     from toolkit_train.tiny_model import NotBuilt, without_building
@@ -305,7 +315,10 @@ def _first_rows_render(cfg: Config, only_what_is_here: bool = False) -> None:
     rows = read_json_rows(source, files)
     first = take(rows, list(range(min(FIRST_ROWS, len(rows)))))
     try:
-        prepare(first, tokenizer, cfg.data, chat_format=chat_format_of(cfg.model))
+        if cfg.training.method_record.samples:  # GRPO: prompts, rendered as requests
+            prompt_dataset(first, tokenizer, cfg.data, PrepareReport(), chat_format_of(cfg.model))
+        else:
+            prepare(first, tokenizer, cfg.data, chat_format=chat_format_of(cfg.model))
     except DataError as exc:
         raise errors.BadInput(
             f"data.source {source} (its first {len(first)} rows, rendered as the job will): {exc}"

@@ -243,3 +243,20 @@ def test_grpos_reference_is_the_base_with_the_adapter_off_on_packed_experts_too(
     trainer = build_trainer(settings, paths, model, tokenizer, prompts)
     assert list(trainer.model.peft_config) == ["default"]
     assert settings.lora.target_parameters  # expert LoRA on the (packed) experts, the preset's
+
+
+def test_the_check_before_launch_reads_a_template_familys_rows_as_prompts(tiny_qwen3_path, tmp_path):
+    """`toolkit config validate` and train's check before launch render a GRPO config's first rows as prompts (a
+    prompt without a reference is a prompt, not an SFT row missing its answer), and refuse one with no user turn."""
+    from toolkit import sdk
+    from toolkit.config import load_config
+    from toolkit.errors import BadInput
+
+    prompt = {"messages": [{"role": "system", "content": "reasoning language: German"},
+                           {"role": "user", "content": "Wie viele Planeten?"}]}  # fmt: skip
+    for name, row in (("good", prompt), ("bad", {"messages": prompt["messages"][:1]})):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    grpo = ["training.method=grpo", "data.format=prompts", "data.eval=null"]
+    sdk.check(load_config("tiny-qwen3-local", [*grpo, f"data.source={tmp_path / 'good.jsonl'}"]))
+    with pytest.raises(BadInput, match="the prompt has no user message"):
+        sdk.check(load_config("tiny-qwen3-local", [*grpo, f"data.source={tmp_path / 'bad.jsonl'}"]))
