@@ -30,13 +30,19 @@ cached_venv() {
     if [ ! -f "$entry/.complete" ]; then
       echo "pid $BASHPID (${0##*/}), since $(date +%H:%M:%S)" > "$entry.owner"
       echo "building the environment $entry (once per machine; a few minutes: each package is named below)" >&2
-      rm -rf "$entry"
+      rm -rf "$entry" "$entry.failed"
       python3 -m venv "$entry"
       "$build" "$entry" >&2
+      # a failed install is no entry: errexit does not reach in here (a command substitution calls this), so _pip
+      # leaves a mark; before, a pip killed half-way (its directory removed under it) was marked complete
+      if [ -f "$entry.failed" ]; then
+        echo "building $entry failed (pip's whole output: $entry.pip.log); the next run builds it again" >&2
+        exit 1
+      fi
       touch "$entry/.complete"
       echo "built $entry in $((SECONDS - started)) s" >&2
     fi
-  ) 9>"$entry.lock"
+  ) 9>"$entry.lock" || return 1
   echo "$entry"
 }
 
@@ -72,7 +78,9 @@ layer_venv() {
 _pip() {
   "$1/bin/python" -m pip install --disable-pip-version-check --progress-bar off "${@:2}" 2>&1 | tee "$1.pip.log" \
     | { grep --line-buffered -E '^(Collecting|Successfully installed|ERROR)' || true; } | sed -u "s|^|  ${1##*/}: |" >&2
-  return "${PIPESTATUS[0]}"
+  local status=${PIPESTATUS[0]}
+  [ "$status" = 0 ] || touch "$1.failed"  # cached_venv refuses the entry
+  return "$status"
 }
 _lock=(-c entrypoints/toolkit_train/requirements.txt -c entrypoints/toolkit_train/requirements-mlflow.txt)
 
@@ -90,7 +98,9 @@ build_slim_venv() {
   _pip "$1" "setuptools>=68" wheel $(python3 -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
 }
 make_slim_venv() {
-  layer_venv "$1" "$(cached_venv "$(venv_key slim <(_deps_of_pyproject))" build_slim_venv)"
+  local entry  # assigned apart: a failed build then stops a `set -e` caller (as an argument it would not)
+  entry=$(cached_venv "$(venv_key slim <(_deps_of_pyproject))" build_slim_venv)
+  layer_venv "$1" "$entry"
   _pip "$1" --no-deps --no-build-isolation --force-reinstall .  # this checkout, as a wheel (not editable)
 }
 _deps_of_pyproject() {
@@ -117,9 +127,10 @@ if [ -n "${WITH_SERVE:-}" ]; then
   serve_build=$!
 fi
 
-layer_venv "$VENV" "$(cached_venv "$(venv_key "toolkit-${EXTRAS:-train}-${TORCH_SPEC:-torch==2.13.0}" \
+toolkit_entry=$(cached_venv "$(venv_key "toolkit-${EXTRAS:-train}-${TORCH_SPEC:-torch==2.13.0}" \
   <(_deps_of_pyproject) entrypoints/toolkit_train/requirements.txt entrypoints/toolkit_train/requirements-mlflow.txt)" \
-  build_toolkit_venv)"
+  build_toolkit_venv)
+layer_venv "$VENV" "$toolkit_entry"
 # this checkout's toolkit, editable
 _pip "$VENV" --no-deps --no-build-isolation -e .
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}

@@ -39,7 +39,8 @@ trap stop_tiny_models EXIT  # a failed check stops the build (each step may fail
 # Only its pydantic models are loaded, so it goes in without its dependencies (none of its telemetry code runs).
 hyperpod_spec="sagemaker-hyperpod==3.12.0"
 build_hyperpod_venv() { _pip "$1" pydantic && _pip "$1" --no-deps "$hyperpod_spec"; }
-link_venv .venv-hyperpod "$(cached_venv "$(venv_key hyperpod <(echo "$hyperpod_spec"))" build_hyperpod_venv)"
+hyperpod_entry=$(cached_venv "$(venv_key hyperpod <(echo "$hyperpod_spec"))" build_hyperpod_venv)
+link_venv .venv-hyperpod "$hyperpod_entry"
 # .venv-slim: the README's `pip install .` (no extras), where tests/test_newcomer.py runs what it must run or refuse
 make_slim_venv .venv-slim
 "$VENV/bin/ruff" check .
