@@ -74,7 +74,7 @@ def test_rows_of_another_format_point_at_data_format(tmp_path):
         result,
         "every one of the 3 rows is refused for one reason (rows.jsonl line 1 and the others): field "
         "'reasoning_language' is missing",
-        "check data.format (one of multilingual-thinking, messages, preference)",
+        "check data.format (one of multilingual-thinking, messages, preference, prompts)",
     )
 
 

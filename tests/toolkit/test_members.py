@@ -250,6 +250,8 @@ def test_every_text_setting_at_a_length_aws_refuses_is_refused_or_reaches_a_vali
             if node.get(section) is None:  # an unset section: set with this one value
                 node[section] = {}
             node = node[section]
+            if isinstance(node, list):  # a list of sections (training.grpo.rewards): its first item
+                node = node[0]
         node[name] = "a" * 3000
         try:
             config = validate(raw, "walk")

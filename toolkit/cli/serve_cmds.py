@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Annotated, Any
@@ -135,7 +136,9 @@ def _deploy_local(cfg, model_dir: str | None, port: int | None, dry_run: bool) -
         out.print(f"[green]serving[/] {server.model} at {server.url} (/ping, /invocations, /v1/chat/completions); "
                   f"log: {server.log}. Ctrl-C stops it.", highlight=False)  # fmt: skip
 
-    sdk.serve_local_until_stopped(cfg, model_dir, port, phase=status, on_note=note, on_serving=serving)
+    # interrupted before it served: the SDK stopped the server, and the interrupt went on; while serving, it returns
+    with contextlib.suppress(KeyboardInterrupt):
+        sdk.serve_local_until_stopped(cfg, model_dir, port, phase=status, on_note=note, on_serving=serving)
     err.print("stopped: the server and its engine are down; the same command serves again")
     raise typer.Exit(130)  # only an interrupt ends serving: the README's exit code for one
 
