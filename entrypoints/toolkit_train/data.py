@@ -262,11 +262,11 @@ def prompt_dataset(dataset, tokenizer, settings: DataSettings, report: PrepareRe
     report.rows_in = len(dataset)
     places = getattr(dataset, "places", None)
     columns: dict[str, list] = {"prompt": [], "prompt_ids": [], "answer": [], "reasoning_language": []}
+    date = harmony.conversation_date(settings.conversation_date)  # one date for every prompt
     for index, row in enumerate(dataset):
         try:
             item = to_prompt(row, settings.reasoning_effort)
             chat_format.validate(item["conversation"], tokenizer)  # a prompt the family's format can render
-            date = harmony.conversation_date(settings.conversation_date)
             ids = chat_format.prompt_ids(item["conversation"], tokenizer, date)
         except FormatError as exc:
             raise DataError(str(exc)) from None
