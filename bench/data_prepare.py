@@ -10,9 +10,9 @@ import sys
 import time
 
 from common import report
+from toolkit_train.builtin.tiny_model import tiny_gpt_oss_path
 from toolkit_train.data import load_rows, prepare, to_messages, training_chat_template
 from toolkit_train.settings import SAMPLE_DATASET, DataSettings
-from toolkit_train.tiny_model import tiny_gpt_oss_path
 
 
 def main(rows: int = 3000) -> None:

@@ -6,8 +6,8 @@ same model shape, same pairs, in one run, behind a correctness gate.
            q/k/v/o), no ref_model: the reference is the base with the adapter disabled. DPOConfig's defaults
            (bf16, gradient checkpointing, max_length 1024, beta 0.1, sigmoid loss) but for the batch size and steps.
            (Handed a PeftModel instead, TRL 1.16 adds a frozen "ref" copy of the adapter as the reference:
-           toolkit_train/trainer.py, preference_trainer_class.)
-  toolkit  entrypoints/toolkit_train/trainer.py as the entrypoint runs training.method dpo: load_for_training
+           toolkit_train/run/trainer.py, preference_trainer_class.)
+  toolkit  entrypoints/toolkit_train/run/trainer.py as the entrypoint runs training.method dpo: load_for_training
            (model.experts mxfp4: the experts stay packed; attention auto = flex on GPU; gradient checkpointing auto;
            compile_layers auto, which compiles nothing for DPO; training.packing: each step's replies one packed row,
            no padding) and build_trainer (its
@@ -77,8 +77,8 @@ def shape(tiny: bool, layers: int | None, size: str):
 def write_checkpoint(out: Path, config, device: str):
     """The packed model (random weights), saved as a gpt-oss MXFP4 checkpoint with gpt-oss's tokenizer; returns it."""
     from safetensors.torch import save_file
-    from toolkit_train.mxfp4 import QUANTIZATION_CONFIG
-    from toolkit_train.tiny_model import build_tokenizer
+    from toolkit_train.builtin.tiny_model import build_tokenizer
+    from toolkit_train.kernels.mxfp4 import QUANTIZATION_CONFIG
 
     packed = tt.build_packed_model(config, device, "eager")
     state = {key: value.detach().cpu().contiguous() for key, value in packed.state_dict().items()}
@@ -94,7 +94,7 @@ def write_checkpoint(out: Path, config, device: str):
 
 def plain_model(packed, config, device: str, dtype, experts: str):
     """transformers' GptOssForCausalLM with the packed model's weights, experts dequantized; eager attention."""
-    from toolkit_train.mxfp4 import Mxfp4Experts
+    from toolkit_train.kernels.mxfp4 import Mxfp4Experts
 
     model = tt.build_model(config.__class__.from_dict(config.to_dict()), device, dtype, "eager", experts)
     state = {k: v for k, v in packed.state_dict().items() if "_blocks" not in k and "_scales" not in k}
@@ -234,7 +234,7 @@ def toolkit_settings(checkpoint: Path, batch: int, steps: int, fp32: bool):
 def toolkit_trainer(settings, tokenizer, ids, out: Path, capture, callbacks, start: dict | None = None):
     """load_for_training + build_trainer, as the entrypoint builds them; (trainer, compiled layers)."""
     from toolkit_train.layout import Paths
-    from toolkit_train.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import build_trainer, load_for_training
 
     model, compiled, _ = load_for_training(settings)
     if start is not None:
@@ -266,7 +266,7 @@ def free() -> None:
 
 def gate(args, scratch: Path, device: str) -> dict:
     """One step of each side in fp32 on a 2-layer model of the shape, same pairs, same LoRA start."""
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -350,7 +350,7 @@ def summary(capture: Capture, steps: list[float], warmup: int) -> dict:
 
 
 def throughput(args, scratch: Path, device: str, deadline: float, results: dict, write) -> None:
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     config = shape(args.tiny, args.layers, args.size)
     checkpoint = scratch / "model"

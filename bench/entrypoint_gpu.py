@@ -23,7 +23,7 @@ compiled one (its run-to-run loss gap: the floor the compiled gap stands beside;
 
 `--expert-lora`: the experts adapted too (lora.target_parameters, expert_r 8), written to
 bench/results/entrypoint_gpu_120b_slice_expert_lora.json. Each run's `[toolkit] trained:` line
-(toolkit_train/trained.py: which groups received gradients and moved, which experts class ran) is kept.
+(toolkit_train/run/trained.py: which groups received gradients and moved, which experts class ran) is kept.
 
   python bench/entrypoint_gpu.py [--shape 120b-slice --layers 8 [--expert-lora] [--budget-s 560] [--repeat-eager]]
 """
@@ -116,8 +116,8 @@ def write_slice_checkpoint(out: Path, layers: int) -> float:
     import torch
     import train_throughput as tt
     from safetensors.torch import save_file
-    from toolkit_train.mxfp4 import QUANTIZATION_CONFIG
-    from toolkit_train.tiny_model import build_tokenizer
+    from toolkit_train.builtin.tiny_model import build_tokenizer
+    from toolkit_train.kernels.mxfp4 import QUANTIZATION_CONFIG
 
     config = tt.gpt_oss_config(False, layers=layers, size="120b")
     model = tt.build_packed_model(config, "cuda", "eager")
@@ -292,7 +292,7 @@ def main_slice(layers: int, expert_lora: bool = False, budget: float = 1800, rep
 
 
 def main() -> None:
-    from toolkit_train.tiny_model import _build
+    from toolkit_train.builtin.tiny_model import _build
 
     if "--shape" in sys.argv:
         layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 8

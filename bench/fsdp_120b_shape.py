@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 def build(out: Path, layers: int) -> None:
     import torch
-    from toolkit_train.tiny_model import build_tokenizer
+    from toolkit_train.builtin.tiny_model import build_tokenizer
     from transformers import GptOssConfig, GptOssForCausalLM
 
     config = GptOssConfig(

@@ -41,7 +41,7 @@ SHAPE = {  # gpt-oss's layout; ~305 M parameters (~0.61 GB in bf16): 2/3 in the 
 def build(out: Path, shape: dict | None = None) -> int:
     """A random-weight gpt-oss of `shape`, saved in bf16 with gpt-oss's tokenizer; returns the weights' bytes."""
     import torch
-    from toolkit_train.tiny_model import build_tokenizer
+    from toolkit_train.builtin.tiny_model import build_tokenizer
     from transformers import GptOssConfig, GptOssForCausalLM
 
     tokenizer = build_tokenizer()

@@ -309,7 +309,7 @@ def toolkit_trainer(settings, paths, tokenizer, dataset, capture, callbacks, sta
                     drop_ref: bool = False):  # fmt: skip
     """load_for_training + build_trainer, as the entrypoint builds them; (trainer, compiled layers).
     drop_ref: TRL's "ref" copy of the adapter deleted once built (what preference_trainer_class does for DPO)."""
-    from toolkit_train.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import build_trainer, load_for_training
 
     model, compiled, _ = load_for_training(settings)
     if start is not None:
@@ -338,7 +338,7 @@ def same_ids(tokenizer, dataset) -> bool:
 
 def gate(args, scratch: Path, device: str, data_dir: Path) -> dict:
     """One step of each side in fp32 on a 2-layer model of the shape, same prompts, LoRA start and replies."""
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -474,7 +474,7 @@ def progress(variant: str):
 
 
 def throughput(args, scratch: Path, device: str, deadline: float, results: dict, write, data_dir: Path) -> None:
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     config = dpo.shape(args.tiny, args.layers, "20b")
     checkpoint = scratch / "model"
@@ -567,7 +567,7 @@ def pack_tiny() -> None:
     """Here, from the cached build: the tensors pre-training changed (every layer's; the embedding rows it moved;
     the LM head's learned rows and the row all other tokens share), with the build's sha256."""
     from safetensors.torch import load_file, save_file
-    from toolkit_train.tiny_model import _pretrained, build_tokenizer, tiny_gpt_oss_path
+    from toolkit_train.builtin.tiny_model import _pretrained, build_tokenizer, tiny_gpt_oss_path
 
     built = load_file(str(tiny_gpt_oss_path() / "model.safetensors"))
     init = _pretrained(build_tokenizer(), pretrain=False).state_dict()
@@ -587,7 +587,7 @@ def pack_tiny() -> None:
 def ensure_tiny() -> dict:
     """builtin:tiny-gpt-oss in the toolkit's cache: there already, or rebuilt from the delta (seconds) where the
     delta travelled, else built by the toolkit (pre-training, minutes)."""
-    from toolkit_train import tiny_model
+    from toolkit_train.builtin import tiny_model
 
     started = time.perf_counter()
     info: dict = {}
@@ -624,7 +624,7 @@ def ensure_tiny() -> dict:
         info["how"] = "rebuilt from .tiny/tiny-gpt-oss-delta.safetensors" if "sha256_match" in info else "cached"
     else:
         path = tiny_model.tiny_gpt_oss_path()
-        info["how"] = "cached or built by toolkit_train.tiny_model"
+        info["how"] = "cached or built by toolkit_train.builtin.tiny_model"
     info |= {"path": str(path), "seconds": round(time.perf_counter() - started, 1)}
     return info
 
@@ -666,8 +666,8 @@ def preset_settings(name: str, changes: dict):
 
 
 def learn(args, scratch: Path, results: dict, write, deadline: float) -> None:
-    from toolkit_train.callbacks import callbacks
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.callbacks import callbacks
+    from toolkit_train.run.model import load_tokenizer
     from transformers import TrainerCallback
 
     data_dir = write_data(scratch / "lang-data")

@@ -33,7 +33,7 @@ EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 def write_checkpoint(out: Path, layers: int) -> float:
     """Qwen3-30B-A3B's shape with `layers` layers, random bf16 weights; GB written."""
     import torch
-    from toolkit_train.tiny_qwen3 import build_tokenizer
+    from toolkit_train.builtin.tiny_qwen3 import build_tokenizer
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = build_tokenizer()

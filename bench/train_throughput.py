@@ -65,7 +65,7 @@ def gpt_oss_config(tiny: bool, layers: int | None = None, size: str = "20b"):
 
 
 def build_model(config, device, dtype, attn, experts="toolkit_fused"):
-    from toolkit_train.moe import register
+    from toolkit_train.kernels.moe import register
     from transformers import GptOssForCausalLM
 
     register()
@@ -87,7 +87,7 @@ def build_packed_model(config, device, attn, fused_norms: bool = True):
     """gpt-oss with MXFP4 experts kept packed (model.experts: mxfp4), random weights built on the GPU: blocks are
     random e2m1 codes, scales 2^-8..2^-6 (weights of RMS ~0.01-0.05, like the released checkpoints).
     `fused_norms=False`: transformers' eager RMSNorms, as before #48."""
-    from toolkit_train.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
+    from toolkit_train.kernels.mxfp4 import PROJECTIONS, Mxfp4Experts, empty_packed_model
 
     config._attn_implementation = attn
     model = empty_packed_model(config, torch.bfloat16, device, fused_norms=fused_norms)
@@ -109,7 +109,7 @@ def build_packed_model(config, device, attn, fused_norms: bool = True):
 
 def unpacked_copy(packed, config, device, dtype):
     """The same model with its experts dequantized into transformers' bf16 experts (model.experts: bf16)."""
-    from toolkit_train.mxfp4 import Mxfp4Experts
+    from toolkit_train.kernels.mxfp4 import Mxfp4Experts
 
     model = build_model(config, device, dtype, FAST_ATTENTION)
     state = {k: v for k, v in packed.state_dict().items() if "_blocks" not in k and "_scales" not in k}
@@ -133,12 +133,12 @@ def fp32_gate_rows(config) -> list:
 def packed_gate(config, device) -> dict:
     """model.experts: mxfp4 against the same weights dequantized at load (bf16 experts), fast path, LoRA gradients:
     fp32 (TF32 off) must agree to rounding; bf16 is reported."""
-    from toolkit_train.model import add_lora
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     rows = fp32_gate_rows(config)
     out: dict = {}
-    # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, toolkit_train/mxfp4_lora.py),
+    # attention LoRA, then expert LoRA too (packed experts: beside the dequantized GEMMs, kernels/mxfp4_lora.py),
     # then the experts at rank 4 (lora.expert_r: padded to the grouped GEMM's alignment)
     cases = (("", [], None), ("experts_", EXPERT_PARAMETERS, None), ("experts_r4_", EXPERT_PARAMETERS, 4))
     for prefix, targets, expert_r in cases:
@@ -169,7 +169,7 @@ def packed_gate(config, device) -> dict:
 
 
 def compiled_packed_gate(config, device, rows) -> dict:
-    """The packed path with its attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers,
+    """The packed path with its attention blocks and routers compiled (kernels/mxfp4.py: compile_packed_layers,
     what training.compile_layers does with model.experts: mxfp4), with recomputation (transformers' non-reentrant
     checkpoint around each layer, as 120b trains: the recomputed forward replays the compiled parts, and the packed
     experts' backward reuses the weights it dequantized) and without, against the same packed model eager without
@@ -177,8 +177,8 @@ def compiled_packed_gate(config, device, rows) -> dict:
     bounds). Training's precision (bf16 base, fp32 adapters, bf16 autocast), against the eager fp32 result: within
     1.5x the eager path's own error at that precision (floors: 1e-4 for the loss, 1e-3 for the gradients; the bound
     the bf16-expert path's compiled gate states). Also the compiler's graph and graph-break counts."""
-    from toolkit_train.model import add_lora
-    from toolkit_train.mxfp4 import compile_packed_layers
+    from toolkit_train.kernels.mxfp4 import compile_packed_layers
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     def run(compiled: bool, checkpointing: bool, autocast: bool):
@@ -253,16 +253,16 @@ def dynamo_counts() -> dict:
 
 
 def _peft_cast_again(model) -> None:
-    """Undo toolkit_train.model.skip_input_casts_under_autocast: peft's own input cast, as before the lever."""
+    """Undo toolkit_train.run.model.skip_input_casts_under_autocast: peft's own input cast, as before the lever."""
     for module in model.modules():
         vars(module).pop("_cast_input_dtype", None)
 
 
 def lora_input_cast_gate(config, device, rows) -> dict:
     """Training's precision (bf16 base, fp32 adapters, bf16 autocast): loss and LoRA gradients with peft's input cast
-    skipped (toolkit_train.model.skip_input_casts_under_autocast) against peft's own cast, run twice for the spread
+    skipped (toolkit_train.run.model.skip_input_casts_under_autocast) against peft's own cast, run twice for the spread
     of the kernels' own nondeterminism; passes when the skip moves them no more than that (bitwise expected)."""
-    from toolkit_train.model import add_lora
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     results = []
@@ -288,7 +288,7 @@ def lora_input_cast_gate(config, device, rows) -> dict:
 
 def tokenizer():
     """Rows are pre-tokenized; the trainer only needs a tokenizer object (pad id): the tiny harmony one."""
-    from toolkit_train.tiny_model import build_tokenizer
+    from toolkit_train.builtin.tiny_model import build_tokenizer
 
     return build_tokenizer()
 
@@ -339,11 +339,11 @@ def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool
 
 
 def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, out: Path):
-    """The entrypoint's trainer (toolkit_train.trainer.build_trainer: packing, collator, trainer class), with a
+    """The entrypoint's trainer (toolkit_train.run.trainer.build_trainer: packing, collator, trainer class), with a
     clock, token counters and the memory probe around its steps."""
     import datasets
     from toolkit_train.layout import Paths
-    from toolkit_train.trainer import build_trainer, trainer_args
+    from toolkit_train.run.trainer import build_trainer, trainer_args
     from transformers import TrainerCallback
 
     paths = Paths(root=out, model_dir=out / "model", checkpoints=out / "ckpt", train_channel=out, output_data=out)
@@ -536,7 +536,7 @@ def correctness_gate(config, device, max_length):
         results[str(dtype).split(".")[1]] = paths
     del model
     if device != "cpu":  # the fast path with compiled decoder layers (training.compile_layers on GPU)
-        from toolkit_train.model import compile_decoder_layers
+        from toolkit_train.run.model import compile_decoder_layers
 
         for dtype in (torch.float32, torch.bfloat16):
             # A fresh model per dtype: `.to(bf16).to(fp32)` leaves non-persistent buffers (the rotary inv_freq)
@@ -570,7 +570,7 @@ def correctness_gate(config, device, max_length):
 
 def _gate_model(config, device):
     """The gate's model: fixed random weights, LoRA with non-zero B so every adapter gets a gradient."""
-    from toolkit_train.model import add_lora
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     model = add_lora(build_model(config, device, torch.float32, FAST_ATTENTION), LoraSettings(dropout=0.0), seed=0)
@@ -584,7 +584,7 @@ def _gate_model(config, device):
 def compile_diagnosis(config, device) -> dict:
     """fp32, TF32 off: the fast path's loss and LoRA gradients with compiled decoder layers, with transformers'
     experts and with the fused ones, against the same path uncompiled (each a fresh model, same weights)."""
-    from toolkit_train.model import compile_decoder_layers
+    from toolkit_train.run.model import compile_decoder_layers
 
     rows = fp32_gate_rows(config)
     out: dict = {}
@@ -611,8 +611,8 @@ def fp8_gate(config, device) -> dict:
     compiled decoder layers (as the entrypoint would run it). FP8 is not exact: the bound is its error beside bf16's
     own (passed: FP8's gradient error at most twice bf16's, or 5% where bf16's is smaller, eager and compiled; the
     loss within 1%)."""
-    from toolkit_train.fp8 import attach_fp8_experts
-    from toolkit_train.model import compile_decoder_layers
+    from fp8 import attach_fp8_experts
+    from toolkit_train.run.model import compile_decoder_layers
 
     rows = fp32_gate_rows(config)
     reference_loss, reference = _fast_grads(_gate_model(config, device), rows, device)
@@ -666,7 +666,7 @@ def fp8_grouped_gemm(config, device, tokens: int) -> dict:
     spread unevenly over the experts): bf16 grouped GEMM against FP8 with row-wise scales, the rows' quantization
     included and alone; the FP8 kernel checked against its float32 emulation on the same FP8 values (must agree to
     accumulation rounding) and against the bf16 product. Timed on a GPU (median_ms)."""
-    from toolkit_train.fp8 import _emulated_grouped_mm, quantize_rows, quantized_copies, scaled_grouped_mm
+    from fp8 import _emulated_grouped_mm, quantize_rows, quantized_copies, scaled_grouped_mm
     from transformers.integrations.moe import _grouped_mm
 
     experts, hidden, out_width = config.num_local_experts, config.hidden_size, 2 * config.intermediate_size
@@ -725,8 +725,8 @@ def fp8_block(config, device, tokens: int) -> dict:
     change from routing; times each on a GPU (median_ms)."""
     import copy
 
-    from toolkit_train.fp8 import attach_fp8_experts
-    from toolkit_train.moe import NAME, register
+    from fp8 import attach_fp8_experts
+    from toolkit_train.kernels.moe import NAME, register
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
     register()
@@ -751,7 +751,7 @@ def fp8_block(config, device, tokens: int) -> dict:
     fp8 = copy.deepcopy(bf16)
     attach_fp8_experts(fp8)
     result: dict = {"tokens": tokens}
-    from toolkit_train import fp8 as fp8_module
+    import fp8 as fp8_module
 
     paths = {"bf16": bf16, "bf16_compiled": torch.compile(bf16), "fp8": fp8, "fp8_compiled": torch.compile(fp8),
              "fp8_function_compiled": torch.compile(copy.deepcopy(fp8))}  # fmt: skip
@@ -771,7 +771,7 @@ def moe_block(config, device, tokens: int) -> dict:
     """One MoE block of the model's shape, frozen bf16 weights, forward + backward to the input: transformers'
     grouped_mm path against the toolkit's fused path on the same inputs (outputs and input gradients compared
     against an fp32 run of the reference)."""
-    from toolkit_train.moe import register
+    from toolkit_train.kernels.moe import register
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
 
     register()
@@ -807,7 +807,7 @@ def _trained(rows):
 
 def _fast_grads(model, rows, device, experts="toolkit_fused"):
     import datasets
-    from toolkit_train.packing import collate, packed_dataset, packed_trainer_class
+    from toolkit_train.kernels.packing import collate, packed_dataset, packed_trainer_class
     from trl import SFTConfig
 
     model.get_base_model().config._attn_implementation = FAST_ATTENTION
@@ -881,7 +881,7 @@ EXPERTS_SUFFIX = "-experts"  # a PACKED name + this: the same run with LoRA on t
 # ... + "-rN": with the experts at a rank of their own (lora.expert_r), e.g. 120b-mxfp4-16k-gc-experts-r4
 EAGER_NORMS_SUFFIX = "-eager-norms"  # last: transformers' eager RMSNorms instead of FusedRMSNorm (the path before #48)
 PEFT_CAST_SUFFIX = "-peft-cast"  # last: peft's fp32 input cast kept under autocast (the path before #48's second lever)
-# very last on a PACKED name: attention blocks and routers compiled (toolkit_train/mxfp4.py: compile_packed_layers)
+# very last on a PACKED name: attention blocks and routers compiled (kernels/mxfp4.py: compile_packed_layers)
 COMPILED_SUFFIX = "-compiled"
 FP8_SUFFIX = "-fp8"  # very last on a PLAN name: the frozen experts' GEMMs in FP8 (toolkit_train/fp8.py; #48's lever)
 
@@ -894,7 +894,7 @@ def packed_name(name: str) -> tuple[str, bool, int | None]:
 
 
 def run_one(name: str, args, device, dtype) -> dict:
-    from toolkit_train.model import add_lora
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     if name == "gate":
@@ -915,7 +915,7 @@ def run_one(name: str, args, device, dtype) -> dict:
     if name == "mxfp4-gate":
         return {"name": name, **gate_shape, **packed_gate(gate_config, device)}
     if name == "mxfp4-compiled-gate":  # the compiled part of mxfp4-gate alone (the whole gate ran past one call)
-        from toolkit_train.moe import register
+        from toolkit_train.kernels.moe import register
 
         register()  # the packed model asks for toolkit_fused by the second build; the whole gate registers it earlier
         result = compiled_packed_gate(gate_config, device, fp32_gate_rows(gate_config))
@@ -934,11 +934,11 @@ def run_one(name: str, args, device, dtype) -> dict:
     if name.removesuffix(FP8_SUFFIX) != base_name:
         _peft_cast_again(model)
     if fp8:  # the FP8 copies, attached before compiling (the layers trace the FP8 path)
-        from toolkit_train.fp8 import attach_fp8_experts
+        from fp8 import attach_fp8_experts
 
         attach_fp8_experts(model)
     if base_name.endswith("-compiled"):  # what the entrypoint does on GPU (training.compile_layers: auto)
-        from toolkit_train.model import compile_decoder_layers
+        from toolkit_train.run.model import compile_decoder_layers
 
         compile_decoder_layers(model)
     rows = synthetic_rows(args.rows, max_length, config.vocab_size)
@@ -954,7 +954,7 @@ def run_one(name: str, args, device, dtype) -> dict:
 def run_packed(name: str, args, device) -> dict:
     """gpt-oss with packed MXFP4 experts; 120b: LoRA r16/alpha32 on q/k/v/o (the HyperPod recipe's), 4,096-token
     rows."""
-    from toolkit_train.model import add_lora
+    from toolkit_train.run.model import add_lora
     from toolkit_train.settings import LoraSettings
 
     key, expert_lora, expert_r = packed_name(name)
@@ -973,7 +973,7 @@ def run_packed(name: str, args, device) -> dict:
     if peft_cast:
         _peft_cast_again(model)
     if compiled:  # what the entrypoint does on GPU with model.experts: mxfp4 (training.compile_layers)
-        from toolkit_train.mxfp4 import compile_packed_layers
+        from toolkit_train.kernels.mxfp4 import compile_packed_layers
 
         compile_packed_layers(model)
         warmup += 1  # the first step compiles (as the bf16 path's -compiled variants)

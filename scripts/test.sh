@@ -29,7 +29,7 @@ EXTRAS=train,aws,dev,eval WITH_SERVE=1 source scripts/env.sh
 # in the background from here on: on a fresh machine their minutes of CPU overlap the next environments' downloads,
 # the checks and the demo (which waits for the plain one under the cache's lock), and no test's fixture builds one
 # against its 900 s limit beside the other worker's tests. Nothing to do where they are cached.
-"$VENV/bin/python" -c 'from toolkit_train.model import resolve_model_path
+"$VENV/bin/python" -c 'from toolkit_train.run.model import resolve_model_path
 from toolkit_train.settings import BUILTIN_MODELS, ModelSettings
 for model in BUILTIN_MODELS: resolve_model_path(ModelSettings(id=model))' > .tiny-models.log 2>&1 &
 tiny_models=$!

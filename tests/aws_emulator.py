@@ -4,7 +4,7 @@ moto creates endpoints but starts no container: InvokeEndpoint answers from a qu
 (`/moto-api/static/sagemaker/endpoint-results`) or with the literal "body". `toolkit deploy` probes a new
 gpt-oss endpoint for prompt parity (toolkit/deploy/parity.py: requests with `return_token_ids`) before it
 reports success, so on bare moto every deploy would fail its check. `render_like_training` answers exactly those
-probes as a container whose prompts are training's (toolkit_train/harmony.py) and leaves every other invocation
+probes as a container whose prompts are training's (toolkit_train/families/harmony.py) and leaves every other invocation
 to moto's queue. It is a stand-in for the container, used by the lifecycle tests only; whether the real serving
 container (vLLM) renders like training is tested against it in tests/toolkit/deploy/test_endpoint_parity.py.
 """
@@ -51,7 +51,7 @@ def _served_date(account_id: str, region: str, endpoint_name: str) -> str | None
 def render_like_training() -> None:
     """Patch moto's InvokeEndpoint (in this process: ThreadedMotoServer) to answer parity probes."""
     from moto.sagemakerruntime.models import SageMakerRuntimeBackend
-    from toolkit_train import harmony
+    from toolkit_train.families import harmony
 
     original = SageMakerRuntimeBackend.invoke_endpoint
     if getattr(original, "renders_like_training", False):

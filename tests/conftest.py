@@ -59,16 +59,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
-    from toolkit_train.tiny_model import tiny_gpt_oss_path
+    from toolkit_train.builtin.tiny_model import tiny_gpt_oss_path
 
     return tiny_gpt_oss_path()
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_path() -> Path:
-    """The tiny dense Qwen3 with Qwen3's chat template (toolkit_train/tiny_qwen3.py): random weights, seconds to
+    """The tiny dense Qwen3 with Qwen3's chat template (toolkit_train/builtin/tiny_qwen3.py): random weights, seconds to
     build, cached beside the tiny gpt-oss."""
-    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+    from toolkit_train.builtin.tiny_qwen3 import tiny_qwen3_path
 
     return tiny_qwen3_path()
 
@@ -76,16 +76,16 @@ def tiny_qwen3_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen3_moe_path() -> Path:
     """The tiny Qwen3-MoE (the same tokenizer, template and pre-training; a sparse MLP of 4 experts, top-2)."""
-    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+    from toolkit_train.builtin.tiny_qwen3 import tiny_qwen3_path
 
     return tiny_qwen3_path(moe=True)
 
 
 @pytest.fixture(scope="session", params=["builtin:tiny-llama", "builtin:tiny-gemma"], ids=["llama", "gemma"])
 def tiny_generic_path(request) -> Path:
-    """Each tiny causal LM of no family record (toolkit_train/tiny_generic.py): Llama with Llama 3's chat template,
+    """Each tiny causal LM of no family record (builtin/tiny_generic.py): Llama with Llama 3's chat template,
     Gemma with Gemma 3's; built once per machine and cached beside the tiny Qwen3."""
-    from toolkit_train.tiny_generic import tiny_generic_path
+    from toolkit_train.builtin.tiny_generic import tiny_generic_path
 
     return tiny_generic_path(request.param)
 

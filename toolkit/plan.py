@@ -96,8 +96,8 @@ def data_tokens(cfg: Config, tokens: int | None = None) -> tuple[int | None, str
 
 def _prepared_tokens(cfg: Config, directory: Path, own_source: bool) -> tuple[tuple[int, str] | None, str]:
     """(tokens and where they come from, or None; why a prepared dataset there was not used, or "")."""
-    from toolkit_train import prepared
     from toolkit_train.data import DataError
+    from toolkit_train.run import prepared
 
     if cfg.data.source.startswith(("s3://", "fsx://")) and own_source:
         return None, ""

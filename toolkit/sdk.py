@@ -109,9 +109,9 @@ def prepare_data(
     """
     import tempfile
 
-    from toolkit_train import prepared
     from toolkit_train.data import PrepareReport, chat_format_of, load_rows, prepare
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run import prepared
+    from toolkit_train.run.model import load_tokenizer
 
     from toolkit import aws
 
@@ -124,7 +124,7 @@ def prepare_data(
     tokenizer = _tokenizer(cfg, load_tokenizer)
     prepared.check(Path(cfg.data.source), cfg.data, cfg.model)  # a prepared source: complete, of these settings
     rows = load_rows(cfg.data.source, cfg.data.split)
-    chat_format = chat_format_of(cfg.model)  # the family's (toolkit_train/formats.py)
+    chat_format = chat_format_of(cfg.model)  # the family's (toolkit_train/families/formats.py)
     dataset = prepare(rows, tokenizer, cfg.data, report, chat_format)  # every row: training holds data.eval's out
     summary = {**report.summary(), **_held_out_apart(cfg, rows, tokenizer, report)}
     made = prepared.record(cfg.data.source, cfg.data.split, cfg.data, cfg.model, summary)
@@ -142,7 +142,7 @@ def prepare_data(
 
 
 def require_trainable(cfg: Config) -> None:
-    """Training renders conversations in the family's chat format (toolkit_train/formats.py): a model rendered
+    """Training renders conversations in the family's chat format (toolkit_train/families/formats.py): a model rendered
     through its own chat template whose files here ship none (a base model, not a chat one) is refused before
     anything is read or launched. A model not on this machine is checked where its tokenizer loads."""
     from toolkit_train.families import has_chat_template
@@ -161,8 +161,8 @@ def trained_rendering(cfg: Config) -> tuple[Any, Any] | None:
     family's chat format and the tokenizer a chat template renders with (harmony needs none); None for a causal LM of
     no family (an adapter trained elsewhere: no trained prompt to compare with). Read before any server starts, so
     that a tokenizer that cannot be loaded stops there in one line."""
-    from toolkit_train.formats import rendering
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.families.formats import rendering
+    from toolkit_train.run.model import load_tokenizer
 
     return rendering(cfg.model.family, lambda: _tokenizer(cfg, load_tokenizer))
 
@@ -247,7 +247,7 @@ def _before_launch(cfg: Config, only_what_is_here: bool = False) -> None:
     """The checks `train` and its dry run make before anything launches: the model can be rendered, and a prepared
     dataset here can train with these settings (complete, sealed with the same data settings and tokenizer).
     only_what_is_here (`toolkit config validate`): no tiny model built and no hub tokenizer read for them."""
-    from toolkit_train import prepared
+    from toolkit_train.run import prepared
 
     require_trainable(cfg)
     remote = cfg.data.source.startswith(("s3://", "fsx://"))
@@ -276,6 +276,7 @@ def _first_rows_render(cfg: Config, only_what_is_here: bool = False) -> None:
     remote data is checked where the job runs (a dry run reaches no network)."""
     if importlib.util.find_spec("transformers") is None:  # `pip install .` without the train extra: the job checks
         return
+    from toolkit_train.builtin.tiny_model import NotBuilt, without_building
     from toolkit_train.data import (
         SAMPLE_PATH,
         DataError,
@@ -287,9 +288,8 @@ def _first_rows_render(cfg: Config, only_what_is_here: bool = False) -> None:
         read_json_rows,
         take,
     )
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
     from toolkit_train.settings import BUILTIN_MODELS, SAMPLES
-    from toolkit_train.tiny_model import NotBuilt, without_building
 
     family, source = cfg.model.known_family, cfg.data.source
     local = get_target(cfg.target).model_is_here and not only_what_is_here  # the run happens on this machine

@@ -30,7 +30,7 @@ RANK = "TOOLKIT_LORA_RANK"  # the adapters' rank, when no adapter is in the mode
 # vLLM 0.32's allowed --max-lora-rank values (vllm/config/lora.py: MaxLoRARanks); its default is 16
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # vLLM flags by model family: config.json model_type -> (the name marker of its hub ids, flags). The image runs
-# no toolkit code, so this is a copy of the families' records (toolkit_train/families.py); a test ties the two.
+# no toolkit code, so this is a copy of the families' records (toolkit_train/families/__init__.py); a test ties the two.
 FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
     "gpt_oss": (
         "gpt-oss",
@@ -47,7 +47,7 @@ FAMILY_DEFAULTS: dict[str, tuple[str, dict[str, str | None]]] = {
 }
 # Families whose parsers follow the model's own chat template (a copy of the records' chat_format "template")
 TEMPLATE_FAMILIES = ("qwen3", "qwen3_moe")
-# What a chat template renders -> the vLLM 0.32 parser that reads it (a copy of toolkit_train/families.py's
+# What a chat template renders -> the vLLM 0.32 parser that reads it (a copy of toolkit_train/families/__init__.py's
 # TEMPLATE_PARSERS; a test ties them): a reasoning block (an assistant turn with reasoning, or the generation prompt,
 # opens <think>); tool calls as XML (<function=name>, Qwen3-Coder) or as JSON in <tool_call> (Qwen3, hermes).
 REASONING_PARSERS = (("<think>", "qwen3"),)

@@ -3,7 +3,7 @@
 The same code runs in `toolkit data prepare` (once, before launch) and in the training container (when
 it receives raw rows). Labels are -100 everywhere except the assistant's own tokens (harmony: analysis + final
 channel, through the closing <|return|>; a chat template: its assistant replies, through the end of turn): the loss
-trains exactly what the model must generate. The format is the family's (toolkit_train/formats.py).
+trains exactly what the model must generate. The format is the family's (toolkit_train/families/formats.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import formats, harmony
-from .formats import ChatFormat, FormatError
+from .families import formats, harmony
+from .families.formats import ChatFormat, FormatError
 from .settings import SAMPLE_DATASET, SAMPLES, DataSettings, ModelSettings
 
 SAMPLE_PATH = Path(__file__).parent / "samples" / "multilingual-thinking.jsonl"
@@ -241,7 +241,7 @@ def _prompt_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
 def to_prompt(row: dict[str, Any], default_effort: str = "medium") -> dict[str, Any]:
     """A `prompts` row checked as a request: {conversation (normalized, ending before the assistant's turn), answer
     (the reference or None), reasoning_language (what the prompt asks, or None)}."""
-    from .rewards import asked_language
+    from .methods.rewards import asked_language
 
     messages = to_messages(row, "prompts")
     answer = messages[-1]["content"] if messages[-1].get("role") == "assistant" else None
@@ -427,7 +427,7 @@ def chat_format_of(model: ModelSettings) -> ChatFormat:
     if chat_format is None:
         raise DataError(
             f"model.id {model.id}: training renders conversations in a model family's chat format, and this model "
-            "is of no family it knows (toolkit_train/families.py)"
+            "is of no family it knows (toolkit_train/families/__init__.py)"
         )
     return chat_format
 
@@ -549,7 +549,7 @@ def _tokenize(
     chat_format: ChatFormat = formats.HARMONY,
     date: datetime.date | str | None = None,
 ) -> dict[str, list]:
-    """Render in the chat format (harmony: toolkit_train/harmony.py): one example per assistant turn; labels on the
+    """Render in the chat format (harmony: families/harmony.py): one example per assistant turn; labels on the
     assistant's own tokens of that turn, or every token (loss_on 'all'). A conversation is a normalized row or a
     message list."""
     chat_format.check(tokenizer)

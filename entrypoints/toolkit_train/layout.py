@@ -8,6 +8,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the schema sits on its own floor
+    from .settings import TrainSettings
 
 ML_ROOT_ENV = "TOOLKIT_ML_ROOT"  # where a run's tree is, outside a SageMaker training job
 DEFAULT_ML_ROOT = Path("/opt/ml")  # SageMaker's
@@ -125,3 +129,26 @@ def write_atomically(path: Path, data: str | bytes) -> None:
 
 def write_json_atomically(path: Path, value: object) -> None:
     write_atomically(path, json.dumps(value, indent=2))
+
+
+def data_source(settings: TrainSettings, paths: Paths) -> str:
+    """Where the job reads its training rows: the 'train' channel when it has one, else data.source where it can be
+    read from here."""
+    if paths.train_channel.exists():
+        return str(paths.train_channel)
+    source = settings.data.source
+    if source.startswith("builtin:") or Path(source).exists() or ("://" not in source and not source.startswith("/")):
+        return source
+    raise FileNotFoundError(
+        f"data channel 'train' not found at {paths.train_channel}, and data.source {source!r} "
+        "cannot be read from inside the job: pass it as the 'train' channel"
+    )
+
+
+def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
+    """Where the job reads data.eval.source: its 'eval' channel when it has one, else the source itself."""
+    split = settings.data.eval
+    if split is None or split.source is None:
+        return None
+    channel = Path(os.environ.get("SM_CHANNEL_EVAL", RunTree(paths.root).eval_channel))
+    return str(channel) if channel.exists() else split.source

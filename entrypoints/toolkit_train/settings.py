@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .families import ModelFamily, family_of, known_family
 from .methods import METHODS, SFT, TrainingMethod, method_named, method_reading
-from .rewards import BUILTIN_REWARDS, USER_REWARD
+from .methods.rewards import BUILTIN_REWARDS, USER_REWARD
 
 BUILTIN_PREFIX = "builtin:"
 TINY_GPT_OSS = "builtin:tiny-gpt-oss"
@@ -464,7 +464,7 @@ class GrpoSettings(StrictModel):
 
 
 class TrainingSettings(StrictModel):
-    """The optimisation loop (TRL's trainer of training.method: its record in toolkit_train/methods.py)."""
+    """The optimisation loop (TRL's trainer of training.method: its record in toolkit_train/methods/__init__.py)."""
 
     method: str = Field(
         SFT.name,
@@ -488,7 +488,7 @@ class TrainingSettings(StrictModel):
 
     @property
     def method_record(self) -> TrainingMethod:
-        """training.method's record (toolkit_train/methods.py): what the code asks instead of its name."""
+        """training.method's record (toolkit_train/methods/__init__.py): what the code asks instead of its name."""
         return method_named(self.method)
 
     learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")

@@ -32,10 +32,11 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
     __package__ = "toolkit_train"
     __import__(__package__)
 
-from . import checkpoints, trained
-from .faults import fault_point
-from .layout import RUN_RECORD, Paths, RunTree, write_json_atomically
-from .ranks import barrier, log, rank
+from .layout import RUN_RECORD, Paths, RunTree, data_source, eval_source, write_json_atomically
+from .run import checkpoints, trained
+from .run.faults import fault_point
+from .run.ranks import barrier, log, rank
+from .run.trainer import build_trainer, load_for_training, report_to_mlflow
 from .settings import (
     AWS_REGION_ENV,
     FAILED_PREFIX,
@@ -45,7 +46,6 @@ from .settings import (
     failure_elsewhere,
     from_hyperparameters,
 )
-from .trainer import build_trainer, load_for_training, report_to_mlflow
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 
@@ -56,31 +56,10 @@ def read_settings(paths: Paths) -> TrainSettings:
     return from_hyperparameters(json.loads(paths.hyperparameters.read_text()))
 
 
-def data_source(settings: TrainSettings, paths: Paths) -> str:
-    if paths.train_channel.exists():
-        return str(paths.train_channel)
-    source = settings.data.source
-    if source.startswith("builtin:") or Path(source).exists() or ("://" not in source and not source.startswith("/")):
-        return source
-    raise FileNotFoundError(
-        f"data channel 'train' not found at {paths.train_channel}, and data.source {source!r} "
-        "cannot be read from inside the job: pass it as the 'train' channel"
-    )
-
-
-def eval_source(settings: TrainSettings, paths: Paths) -> str | None:
-    """Where the job reads data.eval.source: its 'eval' channel when it has one, else the source itself."""
-    split = settings.data.eval
-    if split is None or split.source is None:
-        return None
-    channel = Path(os.environ.get("SM_CHANNEL_EVAL", RunTree(paths.root).eval_channel))
-    return str(channel) if channel.exists() else split.source
-
-
 def load_dataset(settings: TrainSettings, paths: Paths, tokenizer):
     """(training rows, their stats, held-out rows or None, their stats): tokenized, held-out rows set apart first."""
-    from . import prepared
     from .data import PrepareReport, chat_format_of, load_rows, prepare, prompt_dataset, split_rows
+    from .run import prepared
 
     source = data_source(settings, paths)
     made = prepared.check(Path(source), settings.data, settings.model)
@@ -200,7 +179,7 @@ def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Pa
     log(f"training already finished at step {step} ({checkpoint.name}); writing the adapter and merge only")
     if rank() != 0:
         return 0
-    from .model import load_tokenizer
+    from .run.model import load_tokenizer
 
     tokenizer = load_tokenizer(settings.model)
 
@@ -252,8 +231,8 @@ KEEP_UNTIL_EXIT: list = []
 
 
 def train(settings: TrainSettings, paths: Paths) -> int:
-    from .callbacks import callbacks
-    from .model import load_tokenizer
+    from .run.callbacks import callbacks
+    from .run.model import load_tokenizer
 
     started = time.monotonic()
     if already_completed(settings, paths):
@@ -304,7 +283,7 @@ def train(settings: TrainSettings, paths: Paths) -> int:
 
 def stop_requested(hooks: list) -> bool:
     """SIGTERM arrived during training (callbacks.SaveOnSigterm saved a checkpoint and ended it)."""
-    from .callbacks import SaveOnSigterm
+    from .run.callbacks import SaveOnSigterm
 
     return any(isinstance(hook, SaveOnSigterm) and hook.requested for hook in hooks)
 
@@ -338,7 +317,7 @@ class NothingTrained(RuntimeError):
 
 
 def check_what_trained(settings: TrainSettings, paths: Paths, hooks: list, model, compiled: int) -> dict[str, Any]:
-    """What trained (toolkit_train/trained.py), logged and returned for run.json; NothingTrained naming each
+    """What trained (toolkit_train/run/trained.py), logged and returned for run.json; NothingTrained naming each
     group no gradient reached (exit 1 through main's failure record), before the adapter is saved or merged. This
     session's checkpoints are set aside then: the same command must not finish the run from them unchecked."""
     measure = next(hook.measure for hook in hooks if hasattr(hook, "measure"))
@@ -388,7 +367,7 @@ def check_same_model(model) -> None:
 
     import torch.distributed as dist
 
-    from .model import model_signature
+    from .run.model import model_signature
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
@@ -422,7 +401,7 @@ def check_ranks_agree(model) -> None:
 
 def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> None:
     """Reload the base on CPU and merge the saved adapter: the same path for DDP and FSDP runs."""
-    from .model import load_adapter, load_model, save_merged
+    from .run.model import load_adapter, load_model, save_merged
 
     base = load_model(settings.model, device_map="cpu")
     model = load_adapter(base, adapter_dir)

@@ -172,7 +172,7 @@ def test_the_dockerfile_extends_vllms_image_as_its_python_is_laid_out():
 
 
 VARIANTS = Path(__file__).parent / "variant_templates"
-TINY_QWEN3_TEMPLATE = SERVE.parents[2] / "entrypoints" / "toolkit_train" / "templates" / "tiny-qwen3.jinja"
+TINY_QWEN3_TEMPLATE = SERVE.parents[2] / "entrypoints" / "toolkit_train" / "builtin" / "templates" / "tiny-qwen3.jinja"
 # a Qwen3 variant's template (tests/containers/variant_templates, tiny-qwen3's = Qwen3's own) -> the parsers served
 HERMES = [
     "--tool-call-parser",

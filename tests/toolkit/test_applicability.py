@@ -253,8 +253,8 @@ def _built_from(config: Config) -> dict:
     """What the trainer is built from: SFTConfig's arguments (captured, not constructed: 80 ms each) and the
     decisions taken beside it."""
     import trl
-    from toolkit_train import trainer
     from toolkit_train.layout import Paths
+    from toolkit_train.run import trainer
 
     settings = config.train_settings()
     captured: dict = {}
@@ -270,12 +270,12 @@ def _built_from(config: Config) -> dict:
 
 
 def _loaded(config: Config) -> list:
-    """What the model load passes on (toolkit_train.model.load_model and load_tokenizer, with transformers and the
+    """What the model load passes on (toolkit_train.run.model.load_model and load_tokenizer, with transformers and the
     hub stood in for): the path, the loading arguments, the packed path. `auto` dtype and kernel stay as set (their
     choice is the machine's, not another setting's); a builtin resolves to a local directory, and from_pretrained
     reads a local directory as it is (a revision is the hub's)."""
     import transformers
-    from toolkit_train import model
+    from toolkit_train.run import model
 
     calls: list = []
 
@@ -304,7 +304,7 @@ def _loaded(config: Config) -> list:
 
 
 def _lora(config: Config) -> dict:
-    from toolkit_train.model import lora_config
+    from toolkit_train.run.model import lora_config
 
     return lora_config(config.lora).to_dict()
 
@@ -450,9 +450,9 @@ SECTIONS = {
             "training.save_steps": [0, 10],
         },
         read_as_is={
-            "training.save_total_limit": "toolkit_train.checkpoints.prune, at every complete save (the end included)",
+            "training.save_total_limit": "toolkit_train.run.checkpoints.prune, at every complete save (the end too)",
             "training.merge_adapter": "toolkit_train.train.train, after training",
-            "training.mlflow": "toolkit_train.trainer.report_to_mlflow (scoped to report_to: mlflow by the table)",
+            "training.mlflow": "toolkit_train.run.trainer.report_to_mlflow (scoped to report_to: mlflow by the table)",
         },
     ),
     "model": Section(

@@ -118,6 +118,6 @@ def test_verbose_logs_every_aws_call(aws_env):
 
 
 def test_the_reasoning_effort_choices_are_harmonys():
-    from toolkit_train.harmony import EFFORTS
+    from toolkit_train.families.harmony import EFFORTS
 
     assert typing.get_args(Effort) == EFFORTS

@@ -8,7 +8,8 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from toolkit_train import data, tiny_model
+from toolkit_train import data
+from toolkit_train.builtin import tiny_model
 
 from toolkit.config import load_config
 from toolkit.deploy import vllm_environment

@@ -105,7 +105,7 @@ def test_eval_of_a_dpo_config_without_what_it_needs_says_what_to_do(extra, said,
 def test_held_out_pairs_of_a_chat_template_model_are_rendered_with_its_template():
     """A DPO run of the tiny Qwen3 is scored on pairs rendered as it was trained (its own chat template): the prompt
     as vLLM renders the chat request (through the generation prompt), each reply through its <|im_end|>."""
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     from toolkit.config import load_config
     from toolkit.evaluate.preference import pair_rows

@@ -67,11 +67,11 @@ def test_the_cli_check_sees_a_reach_below_the_sdk(tmp_path):
         "import toolkit.sdk\nfrom toolkit import aws, errors, sdk\nfrom toolkit.cli.common import app\n"
         "from toolkit.config import load_config\nfrom . import app\nfrom ..deploy import local\n"
         "from ..sdk import train\nfrom toolkit.sdkextra import x\n"
-        "def f():\n    from toolkit.deploy.client import ChatClient\n    import toolkit_train.harmony\n"
+        "def f():\n    from toolkit.deploy.client import ChatClient\n    import toolkit_train.families.harmony\n"
     )
     assert _below_the_sdk(probe) == {
         "toolkit.aws", "toolkit.deploy", "toolkit.deploy.local", "toolkit.sdkextra", "toolkit.deploy.client",
-        "toolkit_train.harmony",
+        "toolkit_train.families.harmony",
     }  # fmt: skip
 
 
@@ -174,3 +174,67 @@ def test_no_circle_between_the_toolkits_packages():
     circles = sorted({tuple(sorted(m for m in _reach(graph, p) if p in _reach(graph, m))) for p in graph
                       if p in _reach(graph, p)})  # fmt: skip
     assert circles == [], f"circles between packages: {circles}"
+
+
+# The training package's rooms, lowest floor first (docs/architecture.md): a module imports its own floor or one
+# below. A new module or folder of the package fails until it has a floor here.
+TRAINING_FLOORS = (
+    ("methods", "families"),  # the records: what a method and a family are (their rewards, their chat formats)
+    ("settings",),  # the schema every target fills in (the toolkit imports it)
+    ("layout", "data"),  # where a run's files are; rows validated, rendered and tokenized
+    ("kernels",),  # MoE, MXFP4 (packed experts, their LoRA), packing
+    ("builtin",),  # the built-in tiny bases the quickstart trains
+    ("run",),  # a run: the model loaded, the trainer, callbacks, checkpoints, what trained, fault points
+    ("train", "pid1"),  # the entry scripts every job runs
+)
+
+
+def _training_rooms() -> dict[str, tuple[str, Path]]:
+    """Each module of the training package -> (its room, its file)."""
+    package = Path(toolkit_train.__file__).parent
+    rooms = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        module = ".".join(("toolkit_train", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+        rooms[module] = (parts[0], path)
+    return rooms
+
+
+def _arrows_up(rooms: dict[str, tuple[str, Path]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    floor_of = {room: level for level, members in enumerate(floors) for room in members}
+    unplaced = sorted({room for room, _ in rooms.values() if room not in floor_of})
+    assert unplaced == [], f"rooms of toolkit_train with no floor in TRAINING_FLOORS: {unplaced}"
+    up = []
+    for module, (room, path) in rooms.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for name in _imports(path, package):
+            target = name.split(".")
+            if target[0] != "toolkit_train" or len(target) < 2 or target[1] not in floor_of:
+                continue
+            if floor_of[target[1]] > floor_of[room]:
+                up.append(f"{module} ({room}) imports {name} ({target[1]})")
+    return sorted(up)
+
+
+def test_the_training_package_is_rooms_with_no_arrow_back_up():
+    rooms = _training_rooms()
+    assert {room for room, _ in rooms.values()} >= {"methods", "families", "kernels", "builtin", "run", "train"}
+    assert _arrows_up(rooms, TRAINING_FLOORS) == []
+
+
+def test_the_rooms_check_sees_an_arrow_back_up():
+    """The check above can fail: with the run room put below the kernels, the kernels' importers point up."""
+    rooms = _training_rooms()
+    swapped = tuple(("run",) if floor == ("kernels",) else ("kernels",) if floor == ("run",) else floor
+                    for floor in TRAINING_FLOORS)  # fmt: skip
+    assert any("(run) imports toolkit_train.kernels" in arrow for arrow in _arrows_up(rooms, swapped))
+
+
+def test_nothing_shipped_imports_the_bench_or_the_tests():
+    """The bench's FP8 experts (bench/fp8.py) and the tests' props stay out of the package the jobs run."""
+    shipped = [path for _, path in _training_rooms().values()] + list(Path(toolkit.__file__).parent.rglob("*.py"))
+    found = {f"{path.name}: {name}" for path in shipped for name in _imports(path)
+             if name.split(".")[0] in {"bench", "tests", "fp8", "conftest"}}  # fmt: skip
+    assert found == set()

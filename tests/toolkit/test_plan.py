@@ -16,7 +16,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.stub import Stubber
-from toolkit_train import checkpoints, prepared
+from toolkit_train.run import checkpoints, prepared
 from typer.testing import CliRunner
 
 from tests.botocore_model import assert_valid_call

@@ -64,7 +64,7 @@ def adapter_tensors(path) -> dict:
 def entrypoint(root, fault: str | None = None, sigterm_at: str | None = None) -> tuple[int, str]:
     """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (faults.py, as
     test_faults.py kills SFT runs); sigterm_at: SIGTERM once this line appears (spot, scancel, StopTrainingJob)."""
-    from toolkit_train.faults import FAULT_POINT_ENV
+    from toolkit_train.run.faults import FAULT_POINT_ENV
 
     env = {**entrypoint_env(root), **({FAULT_POINT_ENV: fault} if fault else {})}
     process = subprocess.Popen(

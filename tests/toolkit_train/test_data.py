@@ -146,7 +146,7 @@ def test_multi_turn_rows_keep_every_turn(tokenizer, tmp_path):
     path = tmp_path / "turns.jsonl"
     path.write_text(json.dumps({**row, "messages": turns}) + "\n")
     dataset = prepare(load_rows(path), tokenizer, settings())
-    assert len(dataset) == 2  # one example per assistant turn (tests/entrypoints/test_harmony.py: the masks)
+    assert len(dataset) == 2  # one example per assistant turn (tests/toolkit_train/families/test_harmony.py: the masks)
     text = tokenizer.decode(dataset[1]["input_ids"])
     assert "Erste Frage?" in text and "Zweite Frage?" in text and "Zweite Antwort." in text
     assert "Premier." not in text  # the first turn's analysis: dropped after its final answer, as at inference

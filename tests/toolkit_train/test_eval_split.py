@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from toolkit_train.faults import BATCH_LOG_ENV
+from toolkit_train.run.faults import BATCH_LOG_ENV
 
 from tests.runs import held_out_rows, sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out
@@ -24,7 +24,7 @@ def _contains(haystack: list[int], needle: list[int]) -> bool:
 
 def _tokenized(settings, rows):
     from toolkit_train.data import prepare
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.run.model import load_tokenizer
 
     return [list(ids) for ids in prepare(rows, load_tokenizer(settings.model), settings.data)["input_ids"]]
 

@@ -62,7 +62,7 @@ def test_trains_reloads_and_merges(tmp_path, lora, tiny_model_path):
 
 
 def test_mxfp4_checkpoint_dequantizes_trains_and_merges(tmp_path):
-    from toolkit_train.tiny_model import tiny_gpt_oss_path
+    from toolkit_train.builtin.tiny_model import tiny_gpt_oss_path
     from transformers import AutoModelForCausalLM
 
     mxfp4 = tiny_gpt_oss_path(mxfp4=True)
@@ -245,7 +245,7 @@ def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path)
     """SageMaker's tree with torchrun (two ranks, as on a multi-GPU instance) and a checkpoint save that takes 40 s
     (a test-only delay before the seal): SIGTERM to PID 1 reaches the ranks, not torchrun, whose own timer (30 s
     before torch 2.12) would kill them mid-save; the checkpoint is complete. SageMaker's window is 120 s."""
-    from toolkit_train import checkpoints
+    from toolkit_train.run import checkpoints
     from toolkit_train.settings import STOP_WINDOW_SECONDS
 
     root = lay_out(tmp_path, ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"])

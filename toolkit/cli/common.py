@@ -33,7 +33,9 @@ TrainTarget = Literal["local", "training-job", "hyperpod"]
 ServeTarget = Literal["endpoint", "local"]
 ImageKind = Literal["serving", "training"]
 EvalTarget = Literal["local", "endpoint"]
-Effort = Literal["low", "medium", "high"]  # harmony's levels (toolkit_train.harmony.EFFORTS; a test ties the two)
+Effort = Literal[
+    "low", "medium", "high"
+]  # harmony's levels (toolkit_train.families.harmony.EFFORTS; a test ties the two)
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a field: section.field=value (repeatable).")]
 
 

@@ -399,7 +399,7 @@ class ChatClient:
 
 def read_tools(path: str) -> list[dict]:
     """An OpenAI `tools` list from a JSON file, checked as training checks a row's tools (one-line errors)."""
-    from toolkit_train.harmony import tool_names
+    from toolkit_train.families.harmony import tool_names
 
     try:
         tools = json.loads(open(path, encoding="utf-8").read())  # noqa: SIM115

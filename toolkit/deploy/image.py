@@ -228,7 +228,7 @@ def login_directory() -> Iterator[str]:
 def remove_leftover_logins() -> list[Path]:
     """The docker config directories (registry logins: base64 user:token) of toolkit builds whose process is gone,
     removed; a live build's is left alone. Those removed are returned."""
-    from toolkit_train.prepared import process_alive
+    from toolkit_train.run.prepared import process_alive
 
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{LOGIN_PREFIX}*"):

@@ -2,7 +2,7 @@
 (tools, tool results, multi-turn with and without tool calls, reasoning, each reasoning effort, the developer prompt
 present and absent), the prompt token ids a running vLLM renders (`return_token_ids`) must equal the ids training
 renders for the same conversation up to the assistant turn being generated, in the model family's chat format
-(toolkit_train/formats.py: harmony for gpt-oss, the tokenizer's own chat template for Qwen3).
+(toolkit_train/families/formats.py: harmony for gpt-oss, the tokenizer's own chat template for Qwen3).
 `toolkit deploy` runs it against the model it serves, on a SageMaker endpoint (through InvokeEndpoint, the OpenAI
 body on the container's /invocations route) and locally (`--target local`), and refuses to finish on drift
 (`PromptDrift`, exit 1). A template is checked with the tokenizer training rendered with: a served template that
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from toolkit.deploy import Refused
 
 if TYPE_CHECKING:
-    from toolkit_train.formats import ChatFormat
+    from toolkit_train.families.formats import ChatFormat
 
 
 class PromptDrift(Refused):
@@ -138,8 +138,8 @@ def corpus(chat_format: ChatFormat, tokenizer: Any = None) -> dict[str, dict[str
     }
     if tokenizer is None:
         return rows
-    from toolkit_train import harmony
-    from toolkit_train.formats import FormatError
+    from toolkit_train.families import harmony
+    from toolkit_train.families.formats import FormatError
 
     field, _ = chat_format.reads(tokenizer)  # type: ignore[attr-defined]
     trainable = {}
@@ -173,8 +173,8 @@ def drift(
     `chat_format`: the model family's (harmony when not given); `tokenizer`: the one training renders a chat
     template with (harmony needs none); `date`: data.conversation_date (harmony's `Current date:`; today's when
     None, as the server's unless it was pinned)."""
-    from toolkit_train import harmony
-    from toolkit_train.formats import HARMONY
+    from toolkit_train.families import harmony
+    from toolkit_train.families.formats import HARMONY
 
     chat_format = chat_format or HARMONY
     today = harmony.conversation_date(date)
@@ -206,7 +206,7 @@ def drift(
 
 
 def _first_difference(served: list[int], trained: list[int], tokenizer: Any = None) -> str:
-    from toolkit_train import harmony
+    from toolkit_train.families import harmony
 
     at = next(
         (i for i, (x, y) in enumerate(zip(served, trained, strict=False)) if x != y), min(len(served), len(trained))

@@ -112,7 +112,7 @@ def held_out(config: Config, read: Callable[[dict], Any]) -> list[tuple[str, Any
 def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
     """The rows data.eval holds out, as prompts with their reference answers."""
     from toolkit_train.data import to_messages
-    from toolkit_train.rewards import asked_language
+    from toolkit_train.methods.rewards import asked_language
 
     rows = []
     for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
@@ -185,7 +185,7 @@ def served_models(config: Config, model_dir: Path | None = None) -> list[tuple[s
 
     vLLM could serve both from one server (the base plus the adapter, --enable-lora), but not on a CPU for gpt-oss
     (its MoE-LoRA path needs a GPU), so the local route serves the base, then the merged model, one server each."""
-    from toolkit_train.model import resolve_model_path
+    from toolkit_train.run.model import resolve_model_path
 
     from toolkit.deploy.local import model_dir as trained_dir
 

@@ -57,8 +57,8 @@ class ScoredPair:
 def pair_rows(config: Config, limit: int | None = None) -> list[PairRow]:
     """The pairs data.eval holds out, rendered as training renders them."""
     from toolkit_train.data import chat_format_of, to_conversation, tokenize_pairs
-    from toolkit_train.formats import rendering
-    from toolkit_train.model import load_tokenizer
+    from toolkit_train.families.formats import rendering
+    from toolkit_train.run.model import load_tokenizer
 
     checked = held_out(
         config, lambda row: to_conversation(row, "preference", config.data.reasoning_effort, config.data.reasoning)

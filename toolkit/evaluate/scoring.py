@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from toolkit_train.rewards import runaway
+from toolkit_train.methods.rewards import runaway
 
 from toolkit.config.metrics import EVAL_METRICS, FORMAT_VALID, PREFERENCE_ACCURACY
 from toolkit.deploy.client import reply_problems
@@ -36,7 +36,7 @@ def chrf(generated: Any) -> float | None:
 def reasoning_language(generated: Any) -> float | None:
     """1 when the analysis channel is in the language the row asks for; None for rows that ask for none (GRPO's
     reasoning_language reward, the same function)."""
-    from toolkit_train.rewards import language_matches
+    from toolkit_train.methods.rewards import language_matches
 
     return language_matches(generated.reasoning, generated.row.reasoning_language)
 

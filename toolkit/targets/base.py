@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from toolkit.errors import BadInput, Failed
 
 if TYPE_CHECKING:
-    from toolkit_train.metrics import Metrics
+    from toolkit_train.run.metrics import Metrics
 
     from toolkit.config import Config
     from toolkit.limits import Usage
@@ -157,7 +157,7 @@ class Job(ABC):
         detaches (`JobDetached`: the job runs on) or, on targets whose jobs die with this process, asks the job to
         checkpoint and stop, waits for it and raises `JobInterrupted`; an interrupt during that stop ends the job
         at once (no new checkpoint). The notices go to on_line as `[toolkit]` lines."""
-        from toolkit_train.metrics import parse_metrics
+        from toolkit_train.run.metrics import parse_metrics
 
         def each(line: str) -> None:
             metrics = parse_metrics(line)

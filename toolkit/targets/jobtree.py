@@ -66,11 +66,11 @@ def prepare_run_dir(config: Config, root: Path, fresh: bool) -> None:
 def data_digests(config: Config) -> dict[str, dict[str, str | None]]:
     """What each data channel's content is, recorded with the run (input/config/data.json) so that a resume over
     its checkpoints trains on the data they were trained on. The digest is the training side's own
-    (toolkit_train.prepared.source_digest: each file's name and SHA-256): a local file or directory, its bytes; a
+    (toolkit_train.run.prepared.source_digest: each file's name and SHA-256): a local file or directory, its bytes; a
     prepared dataset, its seal (which holds every file's SHA-256); a builtin sample, its file shipped with the code.
     A hub dataset id or an s3:// URI is not read from here: its digest is None and nothing is checked."""
-    from toolkit_train.checkpoints import SEAL, file_sha256
-    from toolkit_train.prepared import canonical, source_digest
+    from toolkit_train.run.checkpoints import SEAL, file_sha256
+    from toolkit_train.run.prepared import canonical, source_digest
 
     recorded: dict[str, dict[str, str | None]] = {}
     for name, source in config.data.channels().items():
@@ -91,7 +91,7 @@ def data_file(root: Path) -> Path:
 def _data_changed(now: dict[str, dict[str, str | None]], root: Path) -> str | None:
     """The refusal when a channel's content differs from what the run's checkpoints were trained on; None when it
     is the same, or not known (a run recorded before data was, a hub or S3 source)."""
-    from toolkit_train.checkpoints import newest_complete
+    from toolkit_train.run.checkpoints import newest_complete
 
     try:
         was = json.loads(data_file(root).read_text())
@@ -195,7 +195,7 @@ def upload_run_model(config: Config, root: Path, where: str, dry_run: bool) -> s
 
 def resume_hint(root: Path) -> str:
     """What the same command does next for this run: which checkpoint it resumes from."""
-    from toolkit_train.checkpoints import newest_complete
+    from toolkit_train.run.checkpoints import newest_complete
 
     checkpoint, _ = newest_complete(RunTree(root).checkpoints)
     if checkpoint is None:

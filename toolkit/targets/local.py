@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit_train import trained
-from toolkit_train.faults import RUN_GROUP_ENV
 from toolkit_train.layout import ML_ROOT_ENV, RunTree
+from toolkit_train.run import trained
+from toolkit_train.run.faults import RUN_GROUP_ENV
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
@@ -316,7 +316,7 @@ class LocalTarget(Target):
 
 
 def _what_trained(root: Path) -> str:
-    """The run record's line of what trained (toolkit_train/trained.py); empty for a run recorded without one."""
+    """The run record's line of what trained (toolkit_train/run/trained.py); empty for a run recorded without one."""
     try:
         summary = json.loads(RunTree(root).run_record.read_text()).get("trained") or {}
     except (OSError, ValueError):

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from toolkit_train.layout import DEFAULT_ML_ROOT, RunTree
-from toolkit_train.metrics import FIELDS as METRIC_FIELDS
-from toolkit_train.metrics import SAGEMAKER_METRIC, metric_regex
+from toolkit_train.run.metrics import FIELDS as METRIC_FIELDS
+from toolkit_train.run.metrics import SAGEMAKER_METRIC, metric_regex
 from toolkit_train.settings import AWS_REGION_ENV, HF_TOKEN_SECRET_ENV, to_hyperparameters
 
 from toolkit import aws, digest, limits, sagemaker_sdk
@@ -43,7 +43,7 @@ from toolkit.targets.base import (
 )
 from toolkit.targets.jobtree import stage_code
 
-# SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/metrics.py: the one format)
+# SageMaker's metrics, read from the entrypoint's `[metrics]` lines (toolkit_train/run/metrics.py: the one format)
 METRIC_DEFINITIONS = {SAGEMAKER_METRIC.get(name, f"train:{name}"): metric_regex(name) for name in METRIC_FIELDS}
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 STATUS = {

@@ -183,8 +183,8 @@ def _unjoined(text: str) -> str:
 def test_the_served_prompt_is_the_trained_prompt(server, trained):
     """vLLM renders gpt-oss requests with harmony, training with the chat template: for the same conversation the
     prompt tokens must be identical (a stray blank line after the developer instructions once made the tiny
-    model answer another row's question). Training renders with openai_harmony (toolkit_train/harmony.py)."""
-    from toolkit_train import harmony
+    model answer another row's question). Training renders with openai_harmony (toolkit_train/families/harmony.py)."""
+    from toolkit_train.families import harmony
 
     cfg, _ = trained
     trained_prompt = harmony.prompt_ids(harmony.normalize({}, QUESTION, "medium", complete=False),
@@ -222,7 +222,7 @@ def test_the_client_sends_tools_and_effort_and_shows_tool_calls_apart(server, tr
     """Tools and reasoning_effort reach the server (its prompt has them), and a reply's tool calls, as vLLM's
     gpt-oss tool parser returns them, are shown apart from reasoning and answer (the parser's shape is asserted
     offline below: the tiny model does not call tools)."""
-    from tests.toolkit_train.test_harmony import WEATHER
+    from tests.toolkit_train.families.test_harmony import WEATHER
 
     cfg, _ = trained
     tools = tmp_path / "tools.json"
@@ -236,7 +236,7 @@ def test_the_client_sends_tools_and_effort_and_shows_tool_calls_apart(server, tr
             "reasoning_effort": "high", "messages": [{"role": "user", "content": "Weather in Paris?"}]}  # fmt: skip
     status, reply = post(server.url + "/invocations", json.dumps(body).encode())
     assert status == 200, reply
-    from toolkit_train.harmony import encoding
+    from toolkit_train.families.harmony import encoding
 
     prompt = encoding().decode(reply["prompt_token_ids"])
     assert "Reasoning: high" in prompt and "type get_weather = (_: {" in prompt

@@ -119,7 +119,7 @@ def test_artifacts_are_the_same_kinds_on_every_target(tmp_path):
 
 
 def _sealed_checkpoint(root: Path, step: int) -> Path:
-    from toolkit_train.checkpoints import seal
+    from toolkit_train.run.checkpoints import seal
 
     checkpoint = root / "checkpoints" / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
@@ -160,7 +160,7 @@ def test_a_resume_over_changed_data_refuses_naming_the_checkpoint_and_fresh_or_r
 def test_the_data_a_run_records_by_kind_of_source(tmp_path):
     """A file or directory: its bytes; a prepared dataset: its seal; a builtin sample: the file it ships as; a hub
     dataset id or an s3:// URI: nothing (not read from here), so nothing is checked."""
-    from toolkit_train.checkpoints import SEAL, seal
+    from toolkit_train.run.checkpoints import SEAL, seal
 
     from toolkit.targets.jobtree import data_digests
 

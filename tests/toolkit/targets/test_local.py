@@ -163,7 +163,7 @@ def test_fsdp_two_processes_trains_checkpoints_sharded_and_resumes(tmp_path):
     assert f"resuming from {root / 'checkpoints' / 'checkpoint-2'}" in "\n".join(lines)
     assert json.loads((root / "model" / "run.json").read_text())["global_step"] == 4
     assert AutoModelForCausalLM.from_pretrained(root / "model" / "merged").config.model_type == "gpt_oss"
-    from toolkit_train.tiny_model import tiny_gpt_oss_path
+    from toolkit_train.builtin.tiny_model import tiny_gpt_oss_path
 
     adapted = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(tiny_gpt_oss_path()), root / "model" / "adapter"
@@ -248,7 +248,7 @@ def test_a_chat_template_family_trains_and_merges_on_the_local_target(qwen3_job_
     session's shared run: its rows rendered with the model's own chat template, LoRA on every linear layer, 30 steps,
     a fifth of the rows held out); the adapter and the merged model written, run.json naming the family and its
     format, both LoRA groups moved."""
-    from toolkit_train.tiny_qwen3 import CHAT_TEMPLATE
+    from toolkit_train.builtin.tiny_qwen3 import CHAT_TEMPLATE
 
     _, model = qwen3_job_run
     run = json.loads((model / "run.json").read_text())
@@ -266,8 +266,8 @@ def test_a_moe_chat_template_family_trains_expert_lora_and_merges_on_the_local_t
     session's shared run): LoRA on the attention and on the 3-D experts (their own group), the router untouched,
     merged into a Qwen3-MoE checkpoint that reloads with the adapter's outputs."""
     import torch
-    from toolkit_train.model import load_adapter
-    from toolkit_train.tiny_qwen3 import tiny_qwen3_path
+    from toolkit_train.builtin.tiny_qwen3 import tiny_qwen3_path
+    from toolkit_train.run.model import load_adapter
     from transformers import AutoModelForCausalLM
 
     _, model = qwen3_moe_job_run

@@ -6,7 +6,7 @@ models, the sbatch script by bash; test_hyperpod_slurm.py submits the DPO preset
 What each carries to the entrypoint is read back with the entrypoint's own parser
 (toolkit_train.settings.from_hyperparameters, as train.py's read_settings does): training.method, its own section
 (training.dpo, training.grpo with its rewards) and its rows' format, exactly the config's settings. Cheap: nothing
-trains (tests/toolkit_train/test_dpo.py and test_grpo.py train them through the entrypoint)."""
+trains (tests/toolkit_train/methods/test_dpo.py and test_grpo.py train them through the entrypoint)."""
 
 from __future__ import annotations
 

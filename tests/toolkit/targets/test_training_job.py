@@ -163,9 +163,9 @@ def test_every_request_the_target_makes_is_one_aws_accepts(aws_env, monkeypatch)
 
 
 def test_metric_regexes_read_the_entrypoint_lines():
-    """The writer's line (toolkit_train.metrics), read by SageMaker's regexes and by the toolkit's parser alike,
+    """The writer's line (toolkit_train.run.metrics), read by SageMaker's regexes and by the toolkit's parser alike,
     also behind a pod-name prefix; other lines are no metrics."""
-    from toolkit_train.metrics import format_metrics, parse_metrics
+    from toolkit_train.run.metrics import format_metrics, parse_metrics
 
     values = {"loss": 6.9348, "learning_rate": 3.333e-3, "grad_norm": 0.2373, "tokens_per_second": 182.5,
               "gpu_memory_gib": 41.2}  # fmt: skip
