@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the schema sits on its own floor
     from .settings import TrainSettings
@@ -77,6 +77,49 @@ class RunTree:
 
     def completed(self) -> bool:
         return self.run_record.exists()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """run.json as its readers see it (the entrypoint writes it last, train.write_outputs): one reader for the
+    targets, eval and the registry, so a key is spelled here and nowhere else."""
+
+    fields: dict[str, Any]
+
+    @classmethod
+    def read(cls, path: Path) -> RunRecord | None:
+        """The record at `path` (a run.json, or a model directory holding one); None where there is none or it does
+        not parse (a run whose record is unreadable is read as one without it)."""
+        path = path / RUN_RECORD if path.is_dir() else path
+        try:
+            fields = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(fields if isinstance(fields, dict) else {})
+
+    @property
+    def data_settings(self) -> dict[str, Any]:
+        """The data settings the run trained with (they decided its held-out rows)."""
+        return (self.fields.get("settings") or {}).get("data") or {}
+
+    @property
+    def log_history(self) -> list[dict[str, Any]]:
+        return self.fields.get("log_history") or []
+
+    @property
+    def held_out_rows(self) -> int | None:
+        """How many rows the run held out for validation (None where it held out none)."""
+        return ((self.fields.get("data") or {}).get("eval") or {}).get("rows_out")
+
+    @property
+    def trained(self) -> dict[str, Any]:
+        """What trained (toolkit_train/run/trained.py's summary; empty for a run recorded without one)."""
+        return self.fields.get("trained") or {}
+
+    def loss(self, name: str) -> float | None:
+        """A final loss the run recorded (train_loss, eval_loss); None where it has none."""
+        value = self.fields.get(name)
+        return float(value) if isinstance(value, (int, float)) else None
 
 
 @dataclass(frozen=True)

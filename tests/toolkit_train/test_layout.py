@@ -74,3 +74,37 @@ def f(root):
 '''
     assert sorted(line.split(": ", 1)[1] for line in spellings(source)) == [
         "'/opt/ml'", "'checkpoints'", "'hyperparameters.json'", "root / 'model'"]  # fmt: skip
+
+
+def test_the_run_record_is_read_in_one_place_whole_or_not_at_all(tmp_path):
+    """RunRecord: the toolkit's one reader of run.json (targets, eval, the registry): a model directory or the file
+    itself; a missing or torn record reads as none (a run killed mid-write is no completed run)."""
+    model = tmp_path / "model"
+    assert layout.RunRecord.read(model) is None
+    layout.write_json_atomically(model / layout.RUN_RECORD, {
+        "settings": {"data": {"split": "train", "eval": {"fraction": 0.2}}}, "train_loss": 2, "eval_loss": None,
+        "data": {"eval": {"rows_out": 12}}, "log_history": [{"step": 1, "loss": 3.0}], "trained": {"groups": []},
+    })  # fmt: skip
+    for where in (model, model / layout.RUN_RECORD):
+        record = layout.RunRecord.read(where)
+        assert record is not None and record.data_settings["eval"] == {"fraction": 0.2}
+        assert (record.loss("train_loss"), record.loss("eval_loss"), record.held_out_rows) == (2.0, None, 12)
+        assert record.log_history == [{"step": 1, "loss": 3.0}] and record.trained == {"groups": []}
+    (model / layout.RUN_RECORD).write_text('{"settings": ')
+    assert layout.RunRecord.read(model) is None
+    (model / layout.RUN_RECORD).write_text("{}")
+    empty = layout.RunRecord.read(model)
+    assert empty is not None and (empty.data_settings, empty.log_history, empty.held_out_rows) == ({}, [], None)
+
+
+def test_no_toolkit_module_parses_the_run_record_itself():
+    """run.json is read through RunRecord only: no json.loads of a run record's text outside layout.py."""
+    offenders = []
+    for root in SOURCES:
+        for path in root.rglob("*.py"):
+            if path.name == "layout.py":
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if "json.load" in line and ("run_record" in line or "RUN_RECORD" in line or "run.json" in line):
+                    offenders.append(f"{path}:{number}: {line.strip()}")
+    assert offenders == []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolkit_train.layout import RUN_RECORD
+from toolkit_train.layout import RUN_RECORD, RunRecord
 
 from toolkit.config import Config
 from toolkit.errors import BadInput
@@ -77,11 +77,11 @@ def require_held_out(config: Config) -> None:
 SPLIT_SETTINGS = ("split", "skip_bad_rows", "eval")  # data settings that decide which rows a run held out
 
 
-def as_trained(config: Config, run: dict[str, Any] | None) -> tuple[Config, str | None]:
+def as_trained(config: Config, run: RunRecord | None) -> tuple[Config, str | None]:
     """The config with the data settings that decided the run's held-out rows taken from its own record (run.json's
     settings.data), so that eval scores rows the run never trained on whatever this command's flags say; and a
     note naming what differed (None when nothing did, or when there is no record)."""
-    recorded = ((run or {}).get("settings") or {}).get("data") or {}
+    recorded = run.data_settings if run is not None else {}
     current = config.data.model_dump(mode="json")
     changed = {key: recorded[key] for key in SPLIT_SETTINGS if key in recorded and recorded[key] != current.get(key)}
     if not changed:

@@ -8,11 +8,14 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
 from toolkit.evaluate.intervals import bootstrap_interval
 from toolkit.evaluate.scoring import METRICS, format_problems, score
+
+if TYPE_CHECKING:
+    from toolkit_train.layout import RunRecord
 from toolkit.files import write_atomically
 
 REPORT_FILE = "report.json"  # what `toolkit register` reads (and attaches to the model package)
@@ -161,23 +164,23 @@ def _with_stderr(value: float | None, stderr: float | None) -> str:
     return _num(value) + (f" ± {stderr:.3f}" if value is not None and stderr is not None else "")
 
 
-def write(report: dict[str, Any], out: Path, run: dict[str, Any] | None = None) -> dict[str, str]:
+def write(report: dict[str, Any], out: Path, run: RunRecord | None = None) -> dict[str, str]:
     """report.json, report.md, metrics.png and (from the training run's log) loss.png; returns what was written."""
     out.mkdir(parents=True, exist_ok=True)
     validation = None
     if run is not None:
         validation = {
-            "eval_loss": run.get("eval_loss"),
-            "base_eval_loss": base_eval_loss(run.get("log_history") or []),
-            "rows": (run.get("data") or {}).get("eval", {}).get("rows_out"),
+            "eval_loss": run.loss("eval_loss"),
+            "base_eval_loss": base_eval_loss(run.log_history),
+            "rows": run.held_out_rows,
         }
         report["validation"] = validation  # the returned report shows it too
     written = {"markdown": out / "report.md", "chart": out / "metrics.png"}
     write_atomically(written["markdown"], markdown(report, validation))
     _chart(report, written["chart"])
-    if run is not None and run.get("log_history"):
+    if run is not None and run.log_history:
         written["curves"] = out / "loss.png"
-        loss_curves(run["log_history"], written["curves"])
+        loss_curves(run.log_history, written["curves"])
     # report.json last and whole: its presence is what says "this evaluation finished" to `toolkit register`
     written["json"] = out / REPORT_FILE
     write_atomically(written["json"], json.dumps(report, indent=2, default=str))

@@ -86,16 +86,11 @@ class Run:
     @classmethod
     def completed_in(cls, name: str, root: Path, detail: str = "") -> Run:
         """A completed run of a run directory this machine sees: its model's artifacts, run.json's final losses."""
-        import json
-
-        from toolkit_train.layout import RunTree
+        from toolkit_train.layout import RunRecord, RunTree
 
         tree = RunTree(root)
-        try:
-            record = json.loads(tree.run_record.read_text())
-        except (OSError, ValueError):
-            record = {}
-        metrics = {key: float(record[key]) for key in FINAL_LOSSES if isinstance(record.get(key), (int, float))}
+        record = RunRecord.read(tree.run_record) or RunRecord({})
+        metrics = {key: loss for key in FINAL_LOSSES if (loss := record.loss(key)) is not None}
         return cls(name, Status.COMPLETED, detail, Artifacts.in_run_dir(tree.model), metrics)
 
 

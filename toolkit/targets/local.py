@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit_train.layout import ML_ROOT_ENV, RunTree
+from toolkit_train.layout import ML_ROOT_ENV, RunRecord, RunTree
 from toolkit_train.run import trained
 from toolkit_train.run.faults import RUN_GROUP_ENV
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
@@ -317,10 +317,8 @@ class LocalTarget(Target):
 
 def _what_trained(root: Path) -> str:
     """The run record's line of what trained (toolkit_train/run/trained.py); empty for a run recorded without one."""
-    try:
-        summary = json.loads(RunTree(root).run_record.read_text()).get("trained") or {}
-    except (OSError, ValueError):
-        return ""
+    record = RunRecord.read(RunTree(root).run_record)
+    summary = record.trained if record is not None else {}
     return trained.line(summary, summary.get("paths", {})) if summary.get("groups") is not None else ""
 
 

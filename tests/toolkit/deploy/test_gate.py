@@ -17,6 +17,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from toolkit_train.layout import RunRecord
 from typer.testing import CliRunner
 
 from tests.botocore_model import assert_valid
@@ -92,7 +93,7 @@ def evaluated(cfg, model_dir: Path, tuned: list[str], base: list[str], failed: i
     results = [ModelResult("base", "base-dir", answered(base), 1.0), ModelResult("fine-tuned", "tuned", answered(tuned),
                                                                                  1.0)]  # fmt: skip
     report = build(results, scored_model=scored_model(cfg, model_dir))
-    write(report, eval_dir(cfg), json.loads((model_dir / "run.json").read_text()))
+    write(report, eval_dir(cfg), RunRecord.read(model_dir))
     return eval_dir(cfg) / "report.json"
 
 
