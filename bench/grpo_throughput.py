@@ -686,6 +686,8 @@ def learn(args, scratch: Path, results: dict, write, deadline: float) -> None:
     }  # fmt: skip
     if args.tiny:
         changes["training"]["grpo"]["max_completion_length"] = args.completion
+    if args.attention:
+        changes["model"] = {"attn_implementation": args.attention}
     settings, how = preset_settings("tiny-gpt-oss-grpo", changes)
     results["settings_from"] = how
     results["settings"] = settings.model_dump(mode="json")
@@ -782,6 +784,12 @@ def main() -> None:
     parser.add_argument("--no-gate", action="store_true")
     parser.add_argument("--budget-s", type=float, default=470, help="stop measuring and write the JSON by then")
     parser.add_argument("--name", default=None)
+    parser.add_argument(
+        "--attention",
+        default=None,
+        help="--learn: model.attn_implementation (the preset's: auto; "
+        "auto = flex_attention on a GPU, which inductor failed to compile at the tiny model's shape)",
+    )
     args = parser.parse_args()
     if args.pack_tiny:
         pack_tiny()
