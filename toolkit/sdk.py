@@ -551,16 +551,18 @@ def chat_client(
 ) -> ChatClient:
     """A chat client for the config's endpoint (`target="endpoint"`) or a local server (`"local"` or `url`)."""
     from toolkit import aws
-    from toolkit.deploy import ADAPTER_NAME
+    from toolkit.deploy import ADAPTER_NAME, served_name
     from toolkit.deploy.client import ChatClient
     from toolkit.deploy.endpoint import endpoint_name
 
     cfg = _as_config(config, overrides)
     if url or target == "local":
         local = url or f"http://127.0.0.1:{cfg.serving.local_port}"
+        # the server must serve this config's model (its base under the config's name): another config's server
+        # would answer in its place
         if cfg.serving.weights == "adapter":  # the base model plus the adapter: address the adapter
-            return ChatClient.for_url(local, ADAPTER_NAME, adapter=True)
-        return ChatClient.for_url(local, cfg.name)
+            return ChatClient.for_url(local, ADAPTER_NAME, adapter=True, serves=served_name(cfg))
+        return ChatClient.for_url(local, cfg.name, serves=served_name(cfg))
     runtime = aws.client(cfg.aws, "sagemaker-runtime")
     if cfg.serving.weights == "adapter":  # the adapter's inference component, picked by name on the shared endpoint
         from toolkit.deploy.adapters import adapter_component_name

@@ -27,6 +27,12 @@ class DeployInputError(BadInput, DeployError):
     """A deployment cannot start: bad input or a missing resource (exit 2; still a DeployError)."""
 
 
+def served_name(config: Config) -> str:
+    """The name a server of this config answers to (its base model's, with an adapter): serving.vllm_args may
+    rename it."""
+    return vllm_environment(config, gpu=False)["SM_VLLM_SERVED_MODEL_NAME"]
+
+
 def vllm_environment(config: Config, gpu: bool = True) -> dict[str, str]:
     """The serving container's SM_VLLM_* settings (containers/serving/serve.py turns them into vLLM flags)."""
     serving = config.serving

@@ -110,6 +110,31 @@ def ping(url: str) -> bool:
         return False
 
 
+def served_models(url: str) -> set[str] | None:
+    """The model names a vLLM server at `url` answers to (GET /v1/models: the served model and its adapters); None
+    where it does not say (another server, or none there yet)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5) as response:
+            listed = json.loads(response.read()).get("data")
+    except (OSError, ValueError, AttributeError, http.client.HTTPException):
+        return None
+    if not isinstance(listed, list):
+        return None
+    return {entry["id"] for entry in listed if isinstance(entry, dict) and isinstance(entry.get("id"), str)}
+
+
+def require_serving(url: str, name: str) -> None:
+    """Refuse to ask a server that serves another config's model: SageMaker's /invocations route answers with
+    whatever model the server holds, whatever the request names, so the reply would be that model's, silently."""
+    served = served_models(url)
+    if served is not None and name not in served:
+        shown = ", ".join(sorted(served)) or "no model"
+        raise DeployInputError(
+            f"{url} serves {shown}, not {name}: ask it with the config it serves, or start {name}'s server "
+            f"(`toolkit deploy {name} --target local`; --url names a server on another port)"
+        )
+
+
 def wait_for(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not ping(url):
@@ -299,16 +324,22 @@ class ChatClient:
         return cls(send, send_streaming, model)
 
     @classmethod
-    def for_url(cls, url: str, model: str, timeout: float = 300, adapter: bool = False) -> ChatClient:
+    def for_url(
+        cls, url: str, model: str, timeout: float = 300, adapter: bool = False, serves: str | None = None
+    ) -> ChatClient:
         """A server speaking the SageMaker hosting contract over HTTP (`toolkit deploy --target local`).
 
         `adapter`: `model` is a LoRA adapter's name. SageMaker's /invocations route answers with the base model
         unless its adapter header names the adapter (the body's `model` alone is overwritten), so both are sent.
+        `serves`: the model name the server must serve (a config's), checked before the first request.
         """
         route = url.rstrip("/") + "/invocations"
         headers = {"Content-Type": "application/json", **({ADAPTER_HEADER: model} if adapter else {})}
+        unchecked = [serves] if serves else []  # checked once, at the first request (the server may start late)
 
         def post(body: dict):
+            while unchecked:
+                require_serving(url, unchecked.pop())
             request = urllib.request.Request(route, data=json.dumps(body).encode(), headers=headers)
             try:
                 return urllib.request.urlopen(request, timeout=timeout)

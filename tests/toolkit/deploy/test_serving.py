@@ -245,6 +245,16 @@ def test_the_client_sends_tools_and_effort_and_shows_tool_calls_apart(server, tr
     assert bad.exit_code == 2 and "tools[0].function.name is missing" in bad.output
 
 
+def test_invoke_refuses_a_server_that_serves_another_configs_model(server):
+    """Another config's server on the address (the same default port, or --url): /invocations would answer with the
+    model it holds whatever the request names, so invoke says whose server it is instead of showing its reply."""
+    other = CliRunner().invoke(app, ["invoke", "tiny-gpt-oss-dpo", "Wie viele Minuten hat ein Tag?", "--url",
+                                     server.url, "--max-tokens", "8"])  # fmt: skip
+    assert other.exit_code == 2, other.output
+    assert f"{server.url} serves tiny-gpt-oss-local, not tiny-gpt-oss-dpo" in other.output
+    assert "Traceback" not in other.output and "answer:" not in other.output
+
+
 def test_tool_calls_are_read_from_replies_and_streams():
     from toolkit.deploy.client import reply_from, show_tool_calls
 
