@@ -222,6 +222,16 @@ class AdapterEndpoints(Endpoints):
             raise DeployError(f"inference component {self.base} is {status}: wait until it settles, then re-run")
         if current.get("Specification", {}).get("ModelName") == model_name and status == "InService":
             return []
+        serving = self.config.serving
+        full = no_room_for_new_copies(serving.instance_type, serving.instance_count, serving.instance_count,
+                                      serving.tensor_parallel_size or 1)  # fmt: skip
+        if full:
+            raise DeployInputError(
+                f"serving: the base component {self.base} changes (a new image, base model or serving setting), and "
+                f"SageMaker replaces it by starting new copies beside the old ones: {full}. Set "
+                "serving.tensor_parallel_size to at most half the instance's GPUs (room beside each copy), or delete "
+                f"the endpoint's adapters (`toolkit endpoint delete` per config) and deploy again (a pause in serving)"
+            )
         return [Request("update_inference_component", {
             "InferenceComponentName": self.base, "Specification": self._base_specification(model_name),
             "RuntimeConfig": runtime, "DeploymentConfig": self._rolling_update()})]  # fmt: skip
@@ -401,3 +411,26 @@ def rolling_batch(copies: int) -> dict[str, Any]:
     if smallest <= copies * high:
         return {"Type": "COPY_COUNT", "Value": smallest}
     return {"Type": "CAPACITY_PERCENT", "Value": round(high * 100)}
+
+
+def rolling_batch_copies(copies: int) -> int:
+    """How many new copies one rolling step starts (rolling_batch's, in copies)."""
+    batch = rolling_batch(copies)
+    return batch["Value"] if batch["Type"] == "COPY_COUNT" else max(1, math.ceil(copies * batch["Value"] / 100))
+
+
+def no_room_for_new_copies(instance_type: str, instances: int, copies: int, gpus_per_copy: int) -> str | None:
+    """Why a rolling update of a component cannot start its first batch (None: it can). Each step starts its new
+    copies beside the running ones before it stops any (API_InferenceComponentRollingUpdatePolicy: "provisions
+    capacity on the new endpoint fleet, routes traffic to that fleet, and terminates capacity on the old"), so the
+    endpoint's accelerators must hold the copies and one batch more."""
+    from toolkit.config.instances import INSTANCES
+
+    total = INSTANCES[instance_type].gpus * instances
+    batch = rolling_batch_copies(copies)
+    needed = (copies + batch) * gpus_per_copy
+    if needed <= total:
+        return None
+    return (f"its {copies} cop{'y' if copies == 1 else 'ies'} of {gpus_per_copy} GPU{'s' * (gpus_per_copy > 1)} each "
+            f"and a first batch of {batch} new one{'s' * (batch > 1)} need {needed} GPUs; {instances} x "
+            f"{instance_type} has {total}")  # fmt: skip

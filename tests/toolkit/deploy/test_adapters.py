@@ -140,9 +140,32 @@ def test_two_fine_tunes_share_one_base_each_invoked_by_name_then_removed(aws_env
     again = sdk.deploy(sales, IMAGE, f"s3://{aws_env['bucket']}/jobs/b-1/output/model/", poll_seconds=0)
     assert again.actions == []
 
-    # a changed base setting is a rolling update of the base component (its copies replaced, rolled back on failure)
-    changed = sdk.render_deploy(adapter_config(aws_env, base, "sales-bot", 8, "serving.max_num_seqs=8"), IMAGE,
-                                f"s3://{aws_env['bucket']}/jobs/b-1/output/model/")  # fmt: skip
+    # a changed base setting is a rolling update of the base component (its copies replaced, rolled back on failure),
+    # whose new copies start beside the old: on the one 1-GPU instance there is no room, said before any request
+    trained = f"s3://{aws_env['bucket']}/jobs/b-1/output/model/"
+    with pytest.raises(
+        DeployInputError,
+        match=r"1 copy of 1 GPU each and a first batch of 1 new one need 2 GPUs; "
+        r"1 x ml.g4dn.xlarge has 1\. Set serving.tensor_parallel_size",
+    ):
+        sdk.render_deploy(adapter_config(aws_env, base, "sales-bot", 8, "serving.max_num_seqs=8"), IMAGE, trained)
+    settings = (
+        "name=sales-bot",
+        f"model.id={base}",
+        "serving.weights=adapter",
+        f"aws.role={aws_env['role']}",
+        f"aws.bucket={aws_env['bucket']}",
+        "serving.instance_type=ml.g4dn.xlarge",
+        "serving.max_num_seqs=8",
+    )
+    refused = CliRunner().invoke(app, ["deploy", "tiny-gpt-oss-local", "--image-uri", IMAGE, "--model-data", trained,
+                                       *[part for o in settings for part in ("--set", o)]])  # fmt: skip
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    assert set(components.components) == {"tiny-llama-lora-base", "support-bot", "sales-bot"}  # nothing changed
+    # with a copy on half an instance's GPUs, the first batch fits beside the copies
+    roomy = adapter_config(aws_env, base, "sales-bot", 8, "serving.max_num_seqs=8",
+                           "serving.instance_type=ml.g4dn.12xlarge", "serving.tensor_parallel_size=2")  # fmt: skip
+    changed = sdk.render_deploy(roomy, IMAGE, trained)
     update = next(r for r in changed if r.operation == "update_inference_component")
     batch = update.params["DeploymentConfig"]["RollingUpdatePolicy"]["MaximumBatchSize"]
     assert within_rolling_rule(batch, copies=1) and batch == {"Type": "CAPACITY_PERCENT", "Value": 50}
