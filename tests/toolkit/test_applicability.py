@@ -72,6 +72,7 @@ EXAMPLES = {
     "training.warmup_ratio": "0.2",
     "serving.max_loras": "8",
     "serving.hf_token_secret": "hf-token",
+    "serving.base_model_data": "s3://toolkit-b/models/base/",
     "serving.component_memory_mb": "1000",
     "training.per_device_batch_size": "4",
     "model.dequantize_mxfp4": "false",
@@ -424,6 +425,7 @@ HYPERPOD_OTHER = _prefixed("hyperpod", {
 SERVING_OTHER = _prefixed("serving", {
     "endpoint_name": "other-endpoint", "image_uri": "registry.example/serve:1", "repository": "my-serving",
     "base_image": "registry.example/vllm:1", "model_data": "s3://toolkit-b/other/model/", "weights": "adapter",
+    "base_model_data": "s3://toolkit-b/other/base/",
     "instance_type": "ml.g6e.48xlarge", "instance_count": 2, "volume_size_gb": 100, "startup_timeout_seconds": 600,
     "download_timeout_seconds": 600, "inference_ami_version": "al2-ami-sagemaker-inference-gpu-3-1",
     "routing": "RANDOM", "rollback_alarms": ["alarm"], "autoscaling": {"min_instances": 1, "max_instances": 3},

@@ -33,6 +33,7 @@ REFUSED = {
     "serving.endpoint_name": "ends-with-hyphen-",
     "serving.image_uri": "x" * 300,
     "serving.model_data": None,  # its schema refuses first (an s3:// URI)
+    "serving.base_model_data": None,  # its schema refuses first (an s3:// prefix)
     "serving.instance_count": "0",
     "serving.volume_size_gb": "513",
     "serving.startup_timeout_seconds": None,  # its schema (60-3600) refuses first: the same bounds
@@ -62,6 +63,7 @@ NEEDS = {  # what else a value needs to be checked at all (its section's other s
     "training_job.security_group_ids": ["training_job.subnets=[subnet-1]"],
     "serving.component_memory_mb": ["serving.weights=adapter"],
     "serving.hf_token_secret": ["serving.weights=adapter"],
+    "serving.base_model_data": ["serving.weights=adapter"],
     "serving.volume_size_gb": ["serving.instance_type=ml.g5.2xlarge"],
     "aws.role": [],
     "hyperpod.job_dir": ["hyperpod.orchestrator=slurm"],

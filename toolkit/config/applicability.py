@@ -222,6 +222,12 @@ SCOPES: dict[str, Scope | tuple[Scope, ...]] = {
         "remove it, or set serving.weights: merged",
         "inference components scale their copy count, not the variant's instances",
     ),
+    "serving.base_model_data": Scope(
+        "serving.weights",
+        ("adapter",),
+        "remove it, or set serving.weights: adapter",
+        "a merged model is served from the training run's output",
+    ),
     "serving.component_memory_mb": Scope(
         "serving.weights",
         ("adapter",),

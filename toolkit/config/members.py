@@ -155,6 +155,9 @@ MEMBERS: dict[str, Member] = {
     "serving.endpoint_name": Member("sagemaker", "CreateEndpoint", "EndpointName"),
     "serving.image_uri": Member("sagemaker", "CreateModel", "PrimaryContainer.Image"),
     "serving.model_data": Member("sagemaker", "CreateModel", "PrimaryContainer.ModelDataSource.S3DataSource.S3Uri"),
+    "serving.base_model_data": Member(
+        "sagemaker", "CreateModel", "PrimaryContainer.ModelDataSource.S3DataSource.S3Uri"
+    ),
     "serving.instance_count": Member(*_ENDPOINT_CONFIG, _VARIANT + "InitialInstanceCount"),
     "serving.volume_size_gb": Member(*_ENDPOINT_CONFIG, _VARIANT + "VolumeSizeInGB"),
     "serving.startup_timeout_seconds": Member(

@@ -174,6 +174,12 @@ class ServingSettings(StrictModel):
     model_data: str | None = Field(
         None, description="S3 URI of model.tar.gz; default: the latest completed training job of this config."
     )
+    base_model_data: str | None = Field(
+        None,
+        description="serving.weights: adapter: an s3:// prefix holding a copy of model.id's checkpoint (config.json, "
+        "safetensors, tokenizer) that the endpoint's base component loads instead of downloading model.id from the "
+        "hub at every start.",
+    )
     weights: Literal["merged", "adapter"] = Field(
         "merged", description="Serve the merged model, or model.id plus the LoRA adapter (--enable-lora)."
     )
@@ -258,6 +264,13 @@ class ServingSettings(StrictModel):
             raise ValueError(
                 f"serving.model_data: {brief(self.model_data)} is not an s3:// URI (a model.tar.gz or a prefix "
                 "ending in /)"
+            )
+        if self.base_model_data and not (
+            self.base_model_data.startswith("s3://") and self.base_model_data.endswith("/")
+        ):
+            raise ValueError(
+                f"serving.base_model_data: {brief(self.base_model_data)} is not an s3:// prefix ending in / (the "
+                "folder holding the base checkpoint's files, as SageMaker copies them to /opt/ml/model)"
             )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
@@ -424,7 +437,11 @@ class Config(TrainSettings):
 
     @model_validator(mode="after")
     def _data_bucket_is_readable(self) -> Config:
-        for field, uri in (("data.source", self.data.source), ("serving.model_data", self.serving.model_data)):
+        for field, uri in (
+            ("data.source", self.data.source),
+            ("serving.model_data", self.serving.model_data),
+            ("serving.base_model_data", self.serving.base_model_data),
+        ):
             problem = bucket_name_problem(bucket_of(uri)) if uri and uri.startswith("s3://") else None
             if problem:
                 raise ValueError(f"{field}: the bucket of {brief(uri)}: {problem}")

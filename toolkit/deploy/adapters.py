@@ -25,6 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from toolkit_train.layout import DEFAULT_ML_ROOT, RunTree
+from toolkit_train.settings import HF_TOKEN_SECRET_ENV
+
 from toolkit import aws, digest
 from toolkit.config import Config
 from toolkit.config.names import sagemaker_name_problem
@@ -186,8 +189,15 @@ class AdapterEndpoints(Endpoints):
         env.pop("SM_VLLM_ADAPTER_NAME", None)  # adapters come at run time, each named after its component
         env |= {"SM_VLLM_SERVED_MODEL_NAME": self.base, "TOOLKIT_LORA_RANK": str(rank),
                 "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # fmt: skip
-        return Request("create_model", {"ExecutionRoleArn": self.config.aws.role,
-                                        "PrimaryContainer": {"Image": image_uri, "Environment": env},
+        container: dict[str, Any] = {"Image": image_uri, "Environment": env}
+        copy = self.config.serving.base_model_data
+        if copy:  # the base from the user's S3 copy, where SageMaker puts model data: no hub, no token, no revision
+            container["ModelDataSource"] = {"S3DataSource": {"S3Uri": copy, "S3DataType": "S3Prefix",
+                                                             "CompressionType": "None"}}  # fmt: skip
+            env["SM_VLLM_BASE_MODEL"] = str(RunTree(DEFAULT_ML_ROOT).model)  # SageMaker's model dir: /opt/ml/model
+            for hub_only in ("SM_VLLM_REVISION", HF_TOKEN_SECRET_ENV):
+                env.pop(hub_only, None)
+        return Request("create_model", {"ExecutionRoleArn": self.config.aws.role, "PrimaryContainer": container,
                                         "Tags": self._tags()})  # fmt: skip
 
     def _config_request(self) -> Request:

@@ -125,6 +125,32 @@ def test_the_dry_run_lists_the_inference_component_requests_and_botocore_accepts
     assert components.components == {}  # nothing was created
 
 
+def test_the_base_comes_from_the_users_s3_copy_when_the_config_names_one(aws_env, components, tiny_llama):
+    """serving.base_model_data: the base component's model carries the copy as its model data (SageMaker puts it in
+    /opt/ml/model, where serve.py points vLLM), and nothing of the hub: no token secret."""
+    base, adapters = tiny_llama
+    copy = f"s3://{aws_env['bucket']}/models/tiny-llama/"
+    cfg = adapter_config(aws_env, base, "support-bot", 32, f"serving.base_model_data={copy}",
+                         "serving.hf_token_secret=hf-token")  # fmt: skip
+    model = upload_training_output(adapters["support-bot"][0], aws_env["bucket"], "support-1")
+    planned = sdk.render_deploy(cfg, IMAGE, model)
+    for request in planned:
+        assert_valid_call(request.service, request.operation, request.params)
+    container = next(r for r in planned if r.operation == "create_model").params["PrimaryContainer"]
+    assert container["ModelDataSource"] == {"S3DataSource": {"S3Uri": copy, "S3DataType": "S3Prefix",
+                                                             "CompressionType": "None"}}  # fmt: skip
+    env = container["Environment"]
+    assert env["SM_VLLM_BASE_MODEL"] == "/opt/ml/model" and "SM_VLLM_REVISION" not in env
+    assert not any("HF_TOKEN" in name for name in env), env
+    hub = adapter_config(aws_env, base, "support-bot", 32)  # without a copy: the hub's model.id, as before
+    hub_container = next(r for r in sdk.render_deploy(hub, IMAGE, model) if r.operation == "create_model")
+    assert "ModelDataSource" not in hub_container.params["PrimaryContainer"]
+    assert hub_container.params["PrimaryContainer"]["Environment"]["SM_VLLM_BASE_MODEL"] == str(base)
+    refused = CliRunner().invoke(app, ["config", "validate", "tiny-gpt-oss-local", "--set", "serving.weights=adapter",
+                                       "--set", "serving.base_model_data=s3://bucket/base.tar.gz"])  # fmt: skip
+    assert refused.exit_code == 2 and "serving.base_model_data" in refused.output and "Traceback" not in refused.output
+
+
 def test_two_fine_tunes_share_one_base_each_invoked_by_name_then_removed(aws_env, components, tiny_llama, tmp_path):
     base, adapters = tiny_llama
     sagemaker = boto3.client("sagemaker", region_name="us-east-1")
