@@ -6,7 +6,7 @@ same model shape, same pairs, in one run, behind a correctness gate.
            q/k/v/o), no ref_model: the reference is the base with the adapter disabled. DPOConfig's defaults
            (bf16, gradient checkpointing, max_length 1024, beta 0.1, sigmoid loss) but for the batch size and steps.
            (Handed a PeftModel instead, TRL 1.16 adds a frozen "ref" copy of the adapter as the reference:
-           toolkit_train/run/trainer.py, preference_trainer_class.)
+           toolkit_train/trainers/dpo.py, preference_trainer_class.)
   toolkit  entrypoints/toolkit_train/run/trainer.py as the entrypoint runs training.method dpo: load_for_training
            (model.experts mxfp4: the experts stay packed; attention auto = flex on GPU; gradient checkpointing auto;
            compile_layers auto, which compiles nothing for DPO; training.packing: each step's replies one packed row,
@@ -234,7 +234,8 @@ def toolkit_settings(checkpoint: Path, batch: int, steps: int, fp32: bool):
 def toolkit_trainer(settings, tokenizer, ids, out: Path, capture, callbacks, start: dict | None = None):
     """load_for_training + build_trainer, as the entrypoint builds them; (trainer, compiled layers)."""
     from toolkit_train.layout import Paths
-    from toolkit_train.run.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import load_for_training
+    from toolkit_train.trainers import build_trainer
 
     model, compiled, _ = load_for_training(settings)
     if start is not None:

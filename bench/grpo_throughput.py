@@ -28,8 +28,8 @@ LoRA start (the toolkit's seeded init, lora_B drawn away from zero so that the K
 replies (generation replaced by fixed harmony replies, some cut short, so that the rewards and advantages vary):
 loss within 1e-5 relative, KL within 1e-4 relative (or both under 1e-8), LoRA gradients within 1e-4 relative.
 Run for the toolkit as built, and again with TRL's "ref" adapter copy removed (toolkit-no-ref), which tells whether
-a mismatch is the KL reference alone (this bench found that copy: trainer.base_as_reference now removes it for GRPO
-as for DPO, so the two should agree).
+a mismatch is the KL reference alone (this bench found that copy: trainers.reference.base_as_reference now removes
+it for GRPO as for DPO, so the two should agree).
 
 --learn: the tiny-gpt-oss-grpo preset (toolkit.config.load_config; the preset's YAML merged here where the toolkit
 package does not import) with per_device_batch_size 4, num_generations 8, --steps steps, rewards format_valid +
@@ -309,7 +309,8 @@ def toolkit_trainer(settings, paths, tokenizer, dataset, capture, callbacks, sta
                     drop_ref: bool = False):  # fmt: skip
     """load_for_training + build_trainer, as the entrypoint builds them; (trainer, compiled layers).
     drop_ref: TRL's "ref" copy of the adapter deleted once built (what preference_trainer_class does for DPO)."""
-    from toolkit_train.run.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import load_for_training
+    from toolkit_train.trainers import build_trainer
 
     model, compiled, _ = load_for_training(settings)
     if start is not None:

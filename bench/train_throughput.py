@@ -339,11 +339,12 @@ def settings_for(variant: str, max_length: int, budget: int, checkpointing: bool
 
 
 def make_trainer(model, settings: TrainSettings, rows: list[dict], steps: int, out: Path):
-    """The entrypoint's trainer (toolkit_train.run.trainer.build_trainer: packing, collator, trainer class), with a
+    """The entrypoint's trainer (toolkit_train.trainers.build_trainer: packing, collator, trainer class), with a
     clock, token counters and the memory probe around its steps."""
     import datasets
     from toolkit_train.layout import Paths
-    from toolkit_train.run.trainer import build_trainer, trainer_args
+    from toolkit_train.run.trainer import trainer_args
+    from toolkit_train.trainers import build_trainer
     from transformers import TrainerCallback
 
     paths = Paths(root=out, model_dir=out / "model", checkpoints=out / "ckpt", train_channel=out, output_data=out)

@@ -36,7 +36,7 @@ from .layout import RUN_RECORD, Paths, RunTree, data_source, eval_source, write_
 from .run import checkpoints, trained
 from .run.faults import fault_point
 from .run.ranks import barrier, log, rank
-from .run.trainer import build_trainer, load_for_training, report_to_mlflow
+from .run.trainer import load_for_training, report_to_mlflow
 from .settings import (
     AWS_REGION_ENV,
     FAILED_PREFIX,
@@ -46,6 +46,7 @@ from .settings import (
     failure_elsewhere,
     from_hyperparameters,
 )
+from .trainers import build_trainer
 
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM: stopped on request, checkpoint saved
 

@@ -6,7 +6,7 @@ A record says what the method trains on (the data formats whose rows it reads, s
 its own settings section under `training`, TRL's config class and the arguments the method adds to it, whether its
 rows are chosen/rejected pairs (tokenized as pairs, packed as one row per micro-batch's pairs, and scored by
 `toolkit eval` on the held-out pairs by likelihood rather than by generating), and what the config's description
-says of it. The trainer each builds is trainer.build_trainer's, by these fields.
+says of it. The trainer each builds is its module's in toolkit_train/trainers/ (`trainer`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class TrainingMethod:
     # it trains on replies it samples itself from prompt rows, scored by rewards (GRPO): no labelled tokens, nothing
     # packed, no validation loss; `toolkit eval` generates on the held-out prompts as for SFT
     samples: bool = False
+    # its trainer: the module of toolkit_train/trainers/ that prepares TRL's trainer class for it
+    trainer: str = "sft"
 
 
 def _dpo_arguments(training: Any) -> dict[str, Any]:
@@ -57,6 +59,7 @@ DPO = TrainingMethod(
     trl_config="DPOConfig",
     config_arguments=_dpo_arguments,
     pairs=True,
+    trainer="dpo",
 )
 
 
@@ -86,6 +89,7 @@ GRPO = TrainingMethod(
     trl_config="GRPOConfig",
     config_arguments=_grpo_arguments,
     samples=True,
+    trainer="grpo",
 )
 METHODS: dict[str, TrainingMethod] = {method.name: method for method in (SFT, DPO, GRPO)}
 

@@ -1,17 +1,16 @@
-"""The trainer as every run assembles it, and the settings that decide its paths: the entrypoint's `train()` and
-the bench (bench/train_throughput.py) build it here, so what the bench measures is what a run trains with."""
+"""What every method's trainer is built with (toolkit_train/trainers/): the model loaded for training, TRL's
+arguments from the settings, FSDP on CPU, the settings that decide the paths (packing, checkpointing, compiled
+layers, rank-0 loading); the entrypoint's `train()` and the bench build from here, so what the bench measures is what
+a run trains with."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 from ..layout import Paths
 from ..settings import TrainSettings
-from .faults import BATCH_LOG_ENV, FAULT_POINT_ENV, FSDP_EVERY_RANK_LOADS_ENV, with_batch_log, with_fault_points
+from .faults import FSDP_EVERY_RANK_LOADS_ENV
 from .ranks import log, rank
 
 
@@ -269,176 +268,3 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
     starve_for_test(model)
     return model, compiled, from_rank0
-
-
-def build_trainer(
-    settings: TrainSettings,
-    paths: Paths,
-    model: Any,
-    tokenizer: Any,
-    dataset: Any,
-    eval_dataset: Any = None,
-    callbacks: list | None = None,
-    args: Any = None,
-    subclass: Callable[[type], type] | None = None,
-) -> Any:
-    """The SFT trainer of these settings: packed micro-batches with their collator and trainer class when
-    training.packing is on, FSDP on CPU where asked, the test-only switches of the environment (faults.py).
-    args: the trainer's arguments (default: trainer_args'); subclass: a last wrapper of the trainer class (the bench's
-    counters)."""
-    from transformers.trainer_callback import PrinterCallback
-    from trl import SFTTrainer
-
-    trainer_class: Any = SFTTrainer
-    extra: dict[str, Any] = {}
-    if settings.training.method_record.samples:
-        trainer_class, extra = grpo_trainer(settings, paths, model, tokenizer, dataset)
-        eval_dataset = None
-    elif settings.training.method_record.pairs:
-        packed = packs_pairs(settings)
-        trainer_class = preference_trainer_class(packed)
-        layout = "each micro-batch's replies packed in one row, no padding" if packed else "unpacked"
-        log(f"DPO on {len(dataset)} chosen/rejected pairs ({layout}), beta {settings.training.dpo.beta}, "
-            f"loss {settings.training.dpo.loss_type}; the reference: the base model, adapter off")  # fmt: skip
-    elif settings.training.packing:
-        from ..kernels.packing import collate, packed_dataset, packed_trainer_class
-        from .model import attention_implementation
-
-        budget, rows = settings.micro_batch_tokens(), len(dataset)
-        dataset = packed_dataset(dataset, budget, settings.training.seed)
-        if eval_dataset is not None:
-            eval_dataset = packed_dataset(eval_dataset, budget, settings.training.seed)
-        log(f"packed {rows} rows into {len(dataset)} micro-batches of <= {budget} tokens")
-        log(batch_semantics(settings, rows, len(dataset)))
-        fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
-        trainer_class, extra = packed_trainer_class(), {"data_collator": partial(collate, pad_to=fixed)}
-    if settings.training.distributed == "fsdp":
-        trainer_class = with_fsdp_on_cpu(trainer_class)
-    if os.environ.get(FAULT_POINT_ENV):
-        trainer_class = with_fault_points(trainer_class)
-    if os.environ.get(BATCH_LOG_ENV):
-        trainer_class = with_batch_log(trainer_class, Path(os.environ[BATCH_LOG_ENV]))
-    if subclass is not None:
-        trainer_class = subclass(trainer_class)
-    trainer = trainer_class(
-        model=model,
-        args=args if args is not None else trainer_args(settings, paths),
-        train_dataset=dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        callbacks=callbacks or [],
-        **extra,
-    )
-    trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
-    return trainer
-
-
-def grpo_trainer(
-    settings: TrainSettings, paths: Paths, model: Any, tokenizer: Any, prompts: Any
-) -> tuple[type, dict[str, Any]]:
-    """TRL's GRPOTrainer on the family's own prompt ids (the dataset's prompt_ids, rendered as the server renders a
-    request: TRL would re-tokenize the prompt's text), with training.grpo.rewards as its reward functions; the KL
-    term's reference is the base, adapter off (base_as_reference)."""
-    from trl import GRPOTrainer
-
-    from ..data import chat_format_of
-    from ..layout import data_source
-    from ..methods.rewards import reward_functions
-
-    score_trained_positions_only()  # the sampled replies' positions, not the prompts' (CPU: most of a step)
-    ids_of = dict(zip(prompts["prompt"], prompts["prompt_ids"], strict=True))
-
-    class FamilyPrompts(base_as_reference(GRPOTrainer)):  # type: ignore[misc]
-        def _tokenize_prompts(self, texts: list):
-            return [list(ids_of[text]) for text in texts], None, {}
-
-    grpo, harmony = settings.training.grpo, chat_format_of(settings.model).name == "harmony"
-    source = Path(data_source(settings, paths))
-    data_dir = (source if source.is_dir() else source.parent) if source.exists() else None
-    ends = model.generation_config.eos_token_id  # where sampling stops, as TRL reads it: a reply that ended itself
-    end_ids = [tokenizer.eos_token_id, *([] if ends is None else [ends] if isinstance(ends, int) else ends)]
-    rewards = reward_functions([r.name for r in grpo.rewards], data_dir, tokenizer, harmony, end_ids,
-                               settings.data.reasoning == "keep")  # fmt: skip
-    log(f"GRPO on {len(prompts)} prompts, {grpo.num_generations} replies each (up to {grpo.max_completion_length} "
-        f"tokens, temperature {grpo.temperature}), rewards {', '.join(f'{r.name} x{r.weight:g}' for r in grpo.rewards)}"
-        f", KL beta {grpo.beta} to the base (adapter off)")  # fmt: skip
-    return FamilyPrompts, {"reward_funcs": rewards}
-
-
-REFERENCE_COPY = "ref"  # the adapter TRL's DPOTrainer adds to a model that comes to it with one
-
-
-def score_trained_positions_only() -> None:
-    """TRL's chunked log-probabilities score only the completion positions on CUDA, but every position elsewhere (so
-    that a compiler such as Neuron's sees one tile shape per batch), then zero the rest: on CPU, with gpt-oss's
-    201k-token vocabulary, that is most of a DPO step (the tiny model's prompts are ~3/4 of its tokens). Nothing is
-    compiled on CPU here, and each position's log-probability is its own row's, so scoring the completions alone
-    gives the same values (tests/toolkit_train/methods/test_dpo_parity.py compares against plain TRL). Patched on the
-    name TRL's DPO and GRPO log-probabilities read (trl.trainer.utils, TRL 1.16); TRL's kernels keep their own
-    choice of kernel."""
-    import trl.trainer.utils as trl_utils
-
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None or getattr(original, "toolkit_cpu", False):
-        return  # another TRL, or patched already
-
-    def compact(device: Any) -> bool:
-        return device.type == "cpu" or original(device)
-
-    compact.toolkit_cpu = True  # type: ignore[attr-defined]
-    trl_utils._use_triton = compact
-
-
-def base_as_reference(trainer_class: Any) -> Any:
-    """A TRL trainer whose reference is the base with the adapter switched off (DPO's, and GRPO's KL term). TRL 1.16,
-    handed a model that is a PEFT model already (model.add_lora: seeded, packed MXFP4 experts), takes it for one
-    re-training an existing adapter and adds a frozen copy of it, "ref", as the reference: the fresh adapter's copy
-    (lora_B = 0), the base's outputs computed through a second set of LoRA layers, saved into every checkpoint and
-    into model/adapter (a `ref/` folder beside the adapter) and, on resume, loaded back from the checkpoint. It is
-    deleted here, once TRL made it: without it TRL's reference forward runs under `disable_adapter()`
-    (trl.trainer.utils.use_adapter(model, None)), the base itself, the same on a resumed run as on the first
-    (tests/toolkit_train/methods/test_dpo.py and test_grpo.py: the resumed run equals the uninterrupted one)."""
-
-    class BaseAsReference(trainer_class):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            from .model import packed_experts_as_targets
-
-            given: Any = kwargs["model"]
-            # TRL adds its "ref" copy through peft, which finds packed MXFP4 experts' targets only while they show
-            # (without it, expert LoRA on packed experts fails here: ModuleDict has no attribute 'ref')
-            with packed_experts_as_targets(given, given.peft_config["default"]):
-                super().__init__(*args, **kwargs)
-            model: Any = self.model  # the PeftModel (wrapped by accelerate only once training starts)
-            adapters = getattr(model, "peft_config", {})
-            if REFERENCE_COPY in adapters and len(adapters) > 1:
-                model.delete_adapter(REFERENCE_COPY)  # frozen, never active: the trained one is untouched
-
-    return BaseAsReference
-
-
-def preference_trainer_class(packed: bool = False) -> type:
-    """TRL's DPOTrainer on pairs this package rendered with harmony already (data.py: prompt_ids, chosen_ids,
-    rejected_ids): its own preparation would render them again with the tokenizer's chat template, which is not
-    what vLLM serves gpt-oss with. The reference: the base, adapter off (base_as_reference).
-
-    packed: TRL's loss, its forwards made through a decoder that packs the padded replies into one row
-    (packing.pairs_packed; TRL 1.16's own padding_free is disabled for DPO). Its name, `_compute_loss`, is TRL 1.16's
-    (tests/toolkit_train/methods/test_dpo_parity.py compares it with plain TRL, packed and not)."""
-    from trl import DPOTrainer
-
-    score_trained_positions_only()
-
-    class PreferenceTrainer(base_as_reference(DPOTrainer)):  # type: ignore[misc]
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            return dataset
-
-        def _compute_loss(self, model: Any, inputs: Any, return_outputs: Any) -> Any:
-            if not packed:
-                return super()._compute_loss(model, inputs, return_outputs)
-            from ..kernels.packing import pairs_packed
-
-            causal_lm = self.accelerator.unwrap_model(self.model).get_base_model()
-            with pairs_packed(causal_lm.get_decoder(), causal_lm.config):
-                return super()._compute_loss(model, inputs, return_outputs)
-
-    return PreferenceTrainer

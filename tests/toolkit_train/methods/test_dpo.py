@@ -129,7 +129,7 @@ def test_dpo_killed_then_stopped_resumes_each_time_with_the_base_as_reference_an
     assert run["trained"]["paths"]["method"] == "dpo" and run["trained"]["paths"]["packing"] is False
     assert (root / "model" / "adapter" / "adapter_model.safetensors").is_file()
     assert (root / "model" / "merged" / "config.json").is_file()
-    # the reference is no adapter of its own: TRL's frozen "ref" copy is not saved (trainer.preference_trainer_class)
+    # the reference is no adapter of its own: TRL's frozen "ref" copy is not saved (trainers/reference.py)
     assert not [p for p in [*saved.rglob("ref"), *(root / "model").rglob("ref")] if p.is_dir()]
 
 

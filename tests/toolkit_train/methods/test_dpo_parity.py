@@ -97,7 +97,8 @@ def start_off_identity(model) -> dict[str, torch.Tensor]:
 
 
 def toolkit_step(settings, tokenizer, dataset, root: Path) -> tuple[Step, Any]:
-    from toolkit_train.run.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import load_for_training
+    from toolkit_train.trainers import build_trainer
 
     model, _, _ = load_for_training(settings)
     start = start_off_identity(model)

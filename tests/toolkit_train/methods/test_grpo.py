@@ -228,7 +228,8 @@ def test_grpos_reference_is_the_base_with_the_adapter_off_on_packed_experts_too(
     reference with the adapter off: the base."""
     from toolkit_train.layout import Paths
     from toolkit_train.run.model import load_tokenizer
-    from toolkit_train.run.trainer import build_trainer, load_for_training
+    from toolkit_train.run.trainer import load_for_training
+    from toolkit_train.trainers import build_trainer
 
     from toolkit.config import load_config
 
