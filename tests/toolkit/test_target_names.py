@@ -25,7 +25,7 @@ OTHER_VOCABULARY = {
     ("cli/serve_cmds.py", "invoke"): {"local"},
     ("sdk.py", "serve_target"): {"local"},
     ("sdk.py", "chat_client"): {"local"},
-    ("sdk.py", "evaluate"): {"local"},
+    ("evaluate/flow.py", "evaluate"): {"local"},
     # "slurm" is also a service that receives set values (sbatch's options), beside "kubernetes" and "docker"
     ("config/members.py", ""): {"slurm"},
 }
