@@ -270,7 +270,7 @@ class ServingSettings(StrictModel):
         ):
             raise ValueError(
                 f"serving.base_model_data: {brief(self.base_model_data)} is not an s3:// prefix ending in / (the "
-                "folder holding the base checkpoint's files, as SageMaker copies them to /opt/ml/model)"
+                "folder holding the base checkpoint's files, which SageMaker copies into the container)"
             )
         if self.autoscaling and self.autoscaling.min_instances > self.instance_count:
             raise ValueError("serving.autoscaling.min_instances must be <= serving.instance_count")
