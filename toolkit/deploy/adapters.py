@@ -416,17 +416,16 @@ ROLLING_BATCH_SHARE = (0.05, 0.50)
 def rolling_batch(copies: int) -> dict[str, Any]:
     """The smallest batch the rule admits for `copies` copies. One copy has no whole number of copies within
     5-50%: the largest share the rule admits is asked for (a batch cannot be less than the one copy)."""
-    low, high = ROLLING_BATCH_SHARE
-    smallest = max(1, math.ceil(copies * low))
+    smallest, high = rolling_batch_copies(copies), ROLLING_BATCH_SHARE[1]
     if smallest <= copies * high:
         return {"Type": "COPY_COUNT", "Value": smallest}
     return {"Type": "CAPACITY_PERCENT", "Value": round(high * 100)}
 
 
 def rolling_batch_copies(copies: int) -> int:
-    """How many new copies one rolling step starts (rolling_batch's, in copies)."""
-    batch = rolling_batch(copies)
-    return batch["Value"] if batch["Type"] == "COPY_COUNT" else max(1, math.ceil(copies * batch["Value"] / 100))
+    """How many new copies one rolling step starts: the smallest share the rule admits, at least one copy (also
+    what rolling_batch's percentage of a single copy comes to)."""
+    return max(1, math.ceil(copies * ROLLING_BATCH_SHARE[0]))
 
 
 def no_room_for_new_copies(instance_type: str, instances: int, copies: int, gpus_per_copy: int) -> str | None:
