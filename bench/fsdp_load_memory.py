@@ -3,8 +3,8 @@
 Builds a random-weight gpt-oss scaled down in width and depth (gpt-oss's vocabulary, experts dominating the rest,
 a few hundred MB of bf16 weights), then trains one step through the real entrypoint under
 `torchrun --nproc-per-node N` (gloo, CPU) three ways, in the same run:
-  - every rank reads the checkpoint: the entrypoint as it was (its tests-only switch
-    TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS);
+  - every rank reads the checkpoint: the entrypoint as it was (the tests' fault Python, tests/faults, with its
+    switch every_rank_loads);
   - rank 0 reads it and the others build the model on the meta device (the entrypoint now: trainer.loads_from_rank0);
   - transformers' own switch alone (FSDP_CPU_RAM_EFFICIENT_LOADING with ACCELERATE_USE_FSDP and an initialized
     process group, what accelerate/TRL set): every rank calls from_pretrained, nothing else (no training).
@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 ENTRYPOINT = REPO / "entrypoints" / "toolkit_train" / "train.py"
 sys.path.insert(0, str(REPO / "entrypoints"))
 sys.path.insert(0, str(REPO))
-EVERY_RANK_ENV = "TOOLKIT_TEST_FSDP_EVERY_RANK_LOADS"  # = train.FSDP_EVERY_RANK_LOADS_ENV
 HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # = callbacks.HOST_PEAK_PREFIX (train.py is not imported here)
 SHAPE = {  # gpt-oss's layout; ~305 M parameters (~0.61 GB in bf16): 2/3 in the experts, most of the rest the vocabulary
     "hidden_size": 256, "intermediate_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -156,12 +155,11 @@ def train_once(work: Path, model_dir: Path, nproc: int, every_rank: bool, name: 
     from safetensors.torch import load_file
 
     root = lay_out(work / name, model_dir)
+    from tests import faults
+
     env = dict(os.environ, TOOLKIT_ML_ROOT=str(root), PYTHONUNBUFFERED="1", PYTHONPATH="", OMP_NUM_THREADS="1")
-    env.pop(EVERY_RANK_ENV, None)
-    if every_rank:
-        env[EVERY_RANK_ENV] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(ENTRYPOINT)]  # fmt: skip
+    env = faults.env(env, every_rank_loads=1 if every_rank else None)
+    command = faults.command("-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", ENTRYPOINT)
     result = run_ranks(command, env, model_dir)
     if result["returncode"] != 0:
         raise RuntimeError(

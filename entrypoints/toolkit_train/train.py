@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a file (every job's entry script): impor
 
 from .layout import RUN_RECORD, Paths, RunTree, data_source, eval_source, write_json_atomically
 from .run import checkpoints, trained
-from .run.faults import fault_point
+from .run.moments import reached
 from .run.ranks import barrier, log, rank
 from .run.trainer import load_for_training, report_to_mlflow
 from .settings import (
@@ -213,7 +213,7 @@ def finish_from_checkpoint(settings: TrainSettings, paths: Paths, checkpoint: Pa
 def write_outputs(settings: TrainSettings, paths: Paths, tokenizer, summary: dict) -> int:
     """After the adapter: the merged model, then run.json (last: its presence says the run is complete)."""
     adapter_dir = paths.model_dir / "adapter"
-    fault_point("before-merge")
+    reached("before-merge")
     if settings.training.merge_adapter:
         write_whole(paths.model_dir / "merged", lambda out: merge(settings, adapter_dir, out, tokenizer))
     family = settings.model.family  # what the run was rendered as: the family and its chat format
@@ -407,7 +407,7 @@ def merge(settings: TrainSettings, adapter_dir: Path, out: Path, tokenizer) -> N
     base = load_model(settings.model, device_map="cpu")
     model = load_adapter(base, adapter_dir)
     save_merged(model, tokenizer, out)
-    fault_point("merge")  # written, not yet under its name
+    reached("merge-written")  # not yet under its name
 
 
 def relaunch_under_torchrun() -> None:

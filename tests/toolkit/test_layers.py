@@ -240,3 +240,14 @@ def test_nothing_shipped_imports_the_bench_or_the_tests():
     found = {f"{path.name}: {name}" for path in shipped for name in _imports(path)
              if name.split(".")[0] in {"bench", "tests", "fp8", "conftest"}}  # fmt: skip
     assert found == set()
+
+
+def test_no_fault_switch_is_read_by_anything_shipped():
+    """The faults the crash tests inject (tests/faults: SIGKILL at a moment, a slow save, a starved gradient) act from
+    outside, on the run's moments (toolkit_train/run/moments.py): no shipped file names one of their switches."""
+    from tests import faults
+
+    shipped = [path for _, path in _training_rooms().values()] + list(Path(toolkit.__file__).parent.rglob("*.py"))
+    found = {f"{path.name}: {switch}" for path in shipped for switch in faults.SWITCHES.values()
+             if switch in path.read_text()}  # fmt: skip
+    assert found == set()

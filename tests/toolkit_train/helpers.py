@@ -62,14 +62,14 @@ def adapter_tensors(path) -> dict:
 
 
 def entrypoint(root, fault: str | None = None, sigterm_at: str | None = None) -> tuple[int, str]:
-    """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (faults.py, as
+    """The entrypoint on this run tree: (exit code, its output). fault: SIGKILL at that moment (tests/faults, as
     test_faults.py kills SFT runs); sigterm_at: SIGTERM once this line appears (spot, scancel, StopTrainingJob)."""
-    from toolkit_train.run.faults import FAULT_POINT_ENV
+    from tests import faults
 
-    env = {**entrypoint_env(root), **({FAULT_POINT_ENV: fault} if fault else {})}
     process = subprocess.Popen(
-        [sys.executable, str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+        faults.command(ENTRYPOINT), env=faults.env(entrypoint_env(root), fault=fault),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
     assert process.stdout is not None
     seen = []
     for line in process.stdout:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from toolkit_train.run.faults import BATCH_LOG_ENV
 
+from tests import faults
 from tests.runs import held_out_rows, sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out
 from toolkit.config import load_config
@@ -36,7 +35,7 @@ def test_held_out_rows_give_a_validation_loss_and_never_reach_training(tmp_path,
     root = lay_out(tmp_path / "job", overrides)
     batches = tmp_path / "batches.jsonl"
     result = subprocess.run(
-        [sys.executable, str(ENTRYPOINT)], env={**entrypoint_env(root), BATCH_LOG_ENV: str(batches)},
+        faults.command(ENTRYPOINT), env=faults.env(entrypoint_env(root), batch_log=batches),
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

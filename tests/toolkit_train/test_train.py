@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tests import faults
 from tests.runs import sample_rows
 from tests.toolkit_train.helpers import ENTRYPOINT, REPO, entrypoint_env, lay_out, losses, run_entrypoint
 
@@ -202,19 +203,22 @@ def _pid1_of(namespace_launcher: subprocess.Popen) -> int:
     raise AssertionError("no PID 1 in the namespace")
 
 
-def _train_as_sagemaker_runs_it(root, relay: bool) -> tuple[subprocess.Popen, int]:
+def _train_as_sagemaker_runs_it(root, relay: bool, slow_save: int | None = None) -> tuple[subprocess.Popen, int]:
     """SageMaker's process tree: PID 1 is the SDK's container command, `bash -c "chmod +x sm_train.sh &&
     sm_train.sh"`; sm_train.sh (the SDK's TRAIN_SCRIPT_TEMPLATE: set -e, an ERR trap, several commands) runs the
-    training as a child. With the toolkit's relay, PID 1 is toolkit_train/pid1.py running that same command."""
+    training as a child. With the toolkit's relay, PID 1 is toolkit_train/pid1.py running that same command.
+    slow_save: each checkpoint takes this many seconds longer (the training runs under the fault Python)."""
+    python, env = (faults.PYTHON, faults.env(entrypoint_env(root), slow_save=slow_save)) if slow_save else (
+        sys.executable, entrypoint_env(root))  # fmt: skip
     script = root / "sm_train.sh"
     script.write_text(
         "#!/bin/bash\nset -e\necho 'Starting training script'\n"
         "handle_error() { echo \"An error occurred with exit code $?\"; }\ntrap 'handle_error' ERR\n"
-        f"cd {root}\n{sys.executable} {ENTRYPOINT}\necho 'Training script finished'\n"
+        f"cd {root}\n{python} {ENTRYPOINT}\necho 'Training script finished'\n"
     )
     command = ["/bin/bash", "-c", f"chmod +x {script} && {script}"]
     pid1 = [sys.executable, str(ENTRYPOINT.parent / "pid1.py"), *command] if relay else command
-    launcher = subprocess.Popen(["unshare", "-fp", "--mount-proc", *pid1], env=entrypoint_env(root),
+    launcher = subprocess.Popen(["unshare", "-fp", "--mount-proc", *pid1], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     return launcher, _pid1_of(launcher)
 
@@ -249,11 +253,11 @@ def test_a_save_slower_than_torchruns_30_s_finishes_in_the_stop_window(tmp_path)
     from toolkit_train.settings import STOP_WINDOW_SECONDS
 
     root = lay_out(tmp_path, ["training.max_steps=400", "training.save_steps=1000", "training.merge_adapter=false"])
-    os.environ.update(SM_NUM_GPUS="2", TOOLKIT_TEST_SLOW_SAVE_SECONDS="40")
+    os.environ.update(SM_NUM_GPUS="2")
     try:
-        launcher, pid1 = _train_as_sagemaker_runs_it(root, relay=True)
+        launcher, pid1 = _train_as_sagemaker_runs_it(root, relay=True, slow_save=40)
     finally:
-        del os.environ["SM_NUM_GPUS"], os.environ["TOOLKIT_TEST_SLOW_SAVE_SECONDS"]
+        del os.environ["SM_NUM_GPUS"]
     _sigterm_at_step_2(launcher, pid1)
     output = launcher.communicate(timeout=STOP_WINDOW_SECONDS + 60)[0]
     assert "pid1: passing signal 15 to the ranks [" in output, output[-3000:]

@@ -23,7 +23,6 @@ from pathlib import Path
 
 from toolkit_train.layout import ML_ROOT_ENV, RunRecord, RunTree
 from toolkit_train.run import trained
-from toolkit_train.run.faults import RUN_GROUP_ENV
 from toolkit_train.settings import FAILED_PREFIX, failure_elsewhere, to_hyperparameters
 
 from toolkit import errors
@@ -243,7 +242,7 @@ class LocalTarget(Target):
                 self._lay_out(config, root, fresh)
             except OSError as exc:
                 raise _unwritable(root, exc) from None
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **{ML_ROOT_ENV: str(root), RUN_GROUP_ENV: "1"})
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **{ML_ROOT_ENV: str(root)})
             env["PYTHONPATH"] = str(root / "code")  # the staged code alone: no toolkit module is a top-level name
             through_relay = [sys.executable, RELAY, str(log_file(root)), str(lock.fd), "--"]
             process = subprocess.Popen(

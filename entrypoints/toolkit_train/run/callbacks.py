@@ -1,5 +1,5 @@
 """The trainer's callbacks: the metric lines, the checkpoint on SIGTERM, sealing and retention, the host memory
-peak, what trained (and, for tests, fault points). Imported once training starts (transformers is heavy)."""
+peak, what trained. Imported once training starts (transformers is heavy)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from transformers import TrainerCallback
 
 from ..settings import STOP_WINDOW_SECONDS, TrainSettings
 from . import checkpoints, trained
-from .faults import FAULT_POINT_ENV, SLOW_SAVE_ENV, fault_point
 from .metrics import format_metrics
+from .moments import reached
 from .ranks import barrier, log, rank
 
 HOST_PEAK_PREFIX = "[toolkit] host memory peak: "  # every rank's, when training begins (HostMemory)
@@ -86,9 +86,8 @@ class Sealed(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         barrier()  # every rank's files (its RNG state, its shards) are written
-        fault_point(f"before-seal-{state.global_step}")
+        reached(f"before-seal-{state.global_step}")  # every file written, the checkpoint not yet counted
         if state.is_world_process_zero:
-            time.sleep(float(os.environ.get(SLOW_SAVE_ENV, 0)))
             saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             checkpoints.seal(saved)
             size = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file()) / 1e6
@@ -98,11 +97,6 @@ class Sealed(TrainerCallback):
             for old in checkpoints.prune(Path(args.output_dir), self.keep):
                 log(f"removed {old.name} (training.save_total_limit)")
         barrier()
-
-
-class FaultPoints(TrainerCallback):
-    def on_step_begin(self, args, state, control, **kwargs):
-        fault_point(f"step-{state.global_step + 1}")  # killed while that step runs
 
 
 class HostMemory(TrainerCallback):
@@ -135,11 +129,10 @@ class WhatTrained(TrainerCallback):
 
 def callbacks(settings: TrainSettings) -> list[TrainerCallback]:
     """The callbacks of a run, in the order they must run (Sealed after SaveOnSigterm: it reads its save)."""
-    hooks = [
+    return [
         Metrics(),
         SaveOnSigterm(),
         Sealed(settings.training.save_total_limit),
         HostMemory(),
         WhatTrained(sharded=settings.training.distributed == "fsdp"),
     ]
-    return [*hooks, FaultPoints()] if os.environ.get(FAULT_POINT_ENV) else hooks

@@ -20,7 +20,7 @@ from typing import Any
 from ..data import SAMPLE_PATH, DataError, data_files
 from ..settings import SAMPLE_DATASET, SAMPLES, DataSettings, ModelSettings
 from .checkpoints import SEAL, about, file_sha256, problem, seal
-from .faults import fault_point
+from .moments import reached
 
 # What shapes the tokenized rows besides the source: a dataset prepared with other values is another dataset.
 SHAPING_SETTINGS = ("format", "reasoning_effort", "loss_on", "skip_bad_rows", "max_length", "overlong")
@@ -86,12 +86,12 @@ def save(dataset: Any, destination: Path, about_it: dict[str, Any]) -> None:
     moved = False
     try:
         dataset.save_to_disk(str(staging))
-        fault_point("prepare-written")
+        reached("prepare-written")
         seal(staging, about_it)
         if destination.exists():
             destination.rename(replaced)
             moved = True
-            fault_point("prepare-replaced")  # the old one aside, the new one not yet in place: neither is read
+            reached("prepare-replaced")  # the old one aside, the new one not yet in place: neither is read
         staging.rename(destination)
     except BaseException as exc:
         if moved and not destination.exists():

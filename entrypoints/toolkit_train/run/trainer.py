@@ -10,7 +10,6 @@ from typing import Any
 
 from ..layout import Paths
 from ..settings import TrainSettings
-from .faults import FSDP_EVERY_RANK_LOADS_ENV
 from .ranks import log, rank
 
 
@@ -54,7 +53,7 @@ def loads_from_rank0(settings: TrainSettings) -> bool:
     is not enough in 5.24: from_pretrained still reads and materializes every checkpoint tensor on every rank
     (modeling_utils._load_pretrained_model has no FSDP branch); it only stops non-zero local ranks from
     initializing what they will receive."""
-    return settings.training.distributed == "fsdp" and not os.environ.get(FSDP_EVERY_RANK_LOADS_ENV)
+    return settings.training.distributed == "fsdp"
 
 
 def use_checkpointing(settings: TrainSettings) -> bool:
@@ -251,9 +250,10 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     """The base model with its LoRA adapter, ready to train: (model, decoder layers compiled, whether rank 0 alone
     read the weights and the other ranks receive them from it when FSDP shards the model)."""
 
-    from .faults import fault_point, starve_for_test
     from .model import add_lora, give_trainable_storage, load_model
+    from .moments import reached
 
+    reached("load-model", settings)
     from_rank0 = loads_from_rank0(settings)
     reads = rank() == 0 or not from_rank0
     model = add_lora(load_model(settings.model, weights=reads), settings.lora, settings.training.seed)
@@ -262,9 +262,8 @@ def load_for_training(settings: TrainSettings) -> tuple[Any, int, bool]:
     if from_rank0:
         log("FSDP: rank 0 read the base model; the other ranks built it on the meta device and receive their shards "
             "from rank 0")  # fmt: skip
-    fault_point("model-loaded")
     if rank() == 0:
         model.print_trainable_parameters()
     compiled = compile_layers_for_training(model, settings) if use_compiled_layers(settings) else 0
-    starve_for_test(model)
+    reached("model-loaded", model)
     return model, compiled, from_rank0

@@ -1,20 +1,18 @@
 """A training method's trainer: one module per method (sft.py, dpo.py, grpo.py), named by the method's record
 (toolkit_train.methods: TrainingMethod.trainer), each with `prepare(settings, paths, model, tokenizer, dataset,
 eval_dataset) -> Built`: TRL's trainer class for the method and what it adds. build_trainer wraps what every method
-shares (FSDP on CPU, the environment's test switches, a caller's last wrapper) and makes the trainer: what the
+shares (FSDP on CPU, a caller's last wrapper) and makes the trainer: what the
 entrypoint trains with and the bench measures."""
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..layout import Paths
-from ..run.faults import BATCH_LOG_ENV, FAULT_POINT_ENV, with_batch_log, with_fault_points
+from ..run.moments import reached
 from ..run.trainer import trainer_args, with_fsdp_on_cpu
 from ..settings import TrainSettings
 
@@ -40,9 +38,9 @@ def build_trainer(
     args: Any = None,
     subclass: Callable[[type], type] | None = None,
 ) -> Any:
-    """The trainer of these settings: training.method's module prepares its class and rows; FSDP on CPU where asked,
-    the test-only switches of the environment (run/faults.py). args: the trainer's arguments (default:
-    trainer_args'); subclass: a last wrapper of the trainer class (the bench's counters)."""
+    """The trainer of these settings: training.method's module prepares its class and rows; FSDP on CPU where asked.
+    args: the trainer's arguments (default: trainer_args'); subclass: a last wrapper of the trainer class (the
+    bench's counters)."""
     from transformers.trainer_callback import PrinterCallback
 
     method = importlib.import_module(f"{__name__}.{settings.training.method_record.trainer}")
@@ -50,10 +48,6 @@ def build_trainer(
     trainer_class = built.trainer_class
     if settings.training.distributed == "fsdp":
         trainer_class = with_fsdp_on_cpu(trainer_class)
-    if os.environ.get(FAULT_POINT_ENV):
-        trainer_class = with_fault_points(trainer_class)
-    if os.environ.get(BATCH_LOG_ENV):
-        trainer_class = with_batch_log(trainer_class, Path(os.environ[BATCH_LOG_ENV]))
     if subclass is not None:
         trainer_class = subclass(trainer_class)
     trainer = trainer_class(
@@ -66,4 +60,5 @@ def build_trainer(
         **built.extra,
     )
     trainer.remove_callback(PrinterCallback)  # our Metrics lines replace its raw dict dumps
+    reached("trainer-built", trainer)
     return trainer

@@ -1,5 +1,5 @@
 """A run survives every interruption: the real training process tree is killed with SIGKILL at named moments
-(the entrypoint's test-only fault points, `TOOLKIT_FAULT_POINT`), and the same `toolkit train` command run again
+(the run's moments: tests/faults), and the same `toolkit train` command run again
 ends with the adapter of an uninterrupted run, or refuses with one line that says how to go on.
 
 Nothing is mocked: real training of the tiny gpt-oss through the CLI and the local target, real SIGKILLs, a real
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests import faults
 from toolkit.cli import app
 from toolkit.targets.jobtree import run_holder
 
@@ -32,18 +33,11 @@ TOLERANCE = 0.0
 
 
 def train(root: Path, *extra: str, fault: str | None = None):
-    env = {"TOOLKIT_FAULT_POINT": fault} if fault else {}
     args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *STEPS, *extra]
-    old = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
+    if not fault:
         return CliRunner().invoke(app, args)
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with faults.switched(fault=fault):
+        return CliRunner().invoke(app, args)
 
 
 def adapter_tensors(root: Path) -> dict:
@@ -78,7 +72,7 @@ def test_killed_at_every_moment_the_same_command_ends_with_the_uninterrupted_ada
         ("checkpoint-save-4", "checkpoint-2"),  # inside the save: model and optimizer written, the rest not
         ("before-seal-4", "checkpoint-2"),  # every file written, the completion record not
         ("before-merge", "checkpoint-4"),  # trained and the adapter written; the merge not started
-        ("merge", "checkpoint-4"),  # the merged model written, not yet under its name
+        ("merge-written", "checkpoint-4"),  # the merged model written, not yet under its name
     ]
     for moment, resumable in chain:
         result = train(root, fault=moment)
@@ -194,16 +188,18 @@ def test_a_corrupt_newest_checkpoint_is_skipped_by_name(tmp_path, baseline, name
     assert (root / "checkpoints" / "checkpoint-4.incomplete" / name).exists()  # kept for the user
 
 
-def _cli(root: Path, *extra: str, env: dict | None = None, background: bool = False) -> subprocess.Popen:
-    """`toolkit train` in a session of its own; background: started as a shell starts `cmd &` (SIGINT ignored)."""
+def _cli(root: Path, *extra: str, slow_save: int | None = None, background: bool = False) -> subprocess.Popen:
+    """`toolkit train` in a session of its own; background: started as a shell starts `cmd &` (SIGINT ignored);
+    slow_save: each checkpoint takes this many seconds longer (the CLI runs under the fault Python)."""
     args = ["train", "tiny-gpt-oss-local", "--target", "local", "--set", f"local.output_dir={root}", *extra]
+    python, env = ([faults.PYTHON], faults.env(slow_save=slow_save)) if slow_save else ([sys.executable], {})
     return subprocess.Popen(
-        [sys.executable, "-m", "toolkit.cli", *args],
+        [*python, "-m", "toolkit.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env=dict(os.environ, CI="1", **(env or {})),
+        env=dict(os.environ, CI="1", **env),
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
 
@@ -300,9 +296,8 @@ def test_interrupt_twice_stops_at_once_and_says_where_the_next_run_resumes(tmp_p
     root = tmp_path / "run"
     # the checkpoint the first Ctrl-C asks for takes 60 s (a test-only delay before its seal), so that the second
     # one certainly lands while it is being written; no earlier checkpoint (save_steps 0)
-    slow = {"TOOLKIT_TEST_SLOW_SAVE_SECONDS": "60"}
     # started as a shell starts a background job (SIGINT ignored): `kill -INT` must still reach it (it once did not)
-    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0", env=slow, background=True)
+    cli = _cli(root, "--set", "training.max_steps=200", "--set", "training.save_steps=0", slow_save=60, background=True)
     _wait_for_log(root, "[metrics] step=3/")
     cli.send_signal(signal.SIGINT)
     seen = _wait_for(cli, "interrupt again to stop at once")

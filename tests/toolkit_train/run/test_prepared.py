@@ -1,14 +1,12 @@
 """Prepared datasets complete or invisible (a killed `toolkit data prepare` leaves the previous dataset, whole), and
 trained on only as they were prepared: altered content or other settings are refused before anything launches.
-The kills are real SIGKILLs of the real CLI at named moments (`TOOLKIT_FAULT_POINT`, toolkit_train/run/faults.py)."""
+The kills are real SIGKILLs of the real CLI at named moments (tests/faults: toolkit_train/run/moments.py's)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,17 +14,17 @@ from toolkit_train.data import SAMPLE_PATH
 from toolkit_train.run import prepared
 from toolkit_train.run.checkpoints import SEAL
 
+from tests import faults
 from tests.runs import sample_rows
 from toolkit import sdk
 
 CONFIG = "tiny-gpt-oss-local"
-TOOLKIT = [sys.executable, "-m", "toolkit.cli"]
+TOOLKIT = ["-m", "toolkit.cli"]
 
 
 def toolkit(*args: str, cwd: Path, fault: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TOOLKIT_FAULT_POINT"}
-    env.update({"TOOLKIT_FAULT_POINT": fault} if fault else {})
-    return subprocess.run([*TOOLKIT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(faults.command(*TOOLKIT, *args), cwd=cwd, env=faults.env(fault=fault), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
 
 
 def rows_of(directory: Path) -> int:

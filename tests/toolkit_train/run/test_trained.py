@@ -1,17 +1,17 @@
 """What trained: every run records which adapter groups received gradients and moved, and which paths ran; a group
 no gradient reached fails the run, naming it, before anything is saved or merged (silent MoE-LoRA failures: expert
 adapters never updated). Real training of the tiny gpt-oss through the entrypoint; the missing gradient is injected
-(`TOOLKIT_TEST_NO_GRADIENT`, run/faults.py), as a kernel whose backward skips the adapter would leave it."""
+(tests/faults: no_gradient), as a kernel whose backward skips the adapter would leave it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 from toolkit_train.run.trained import group_of
 
+from tests import faults
 from tests.toolkit_train.helpers import ENTRYPOINT, entrypoint_env, lay_out
 
 pytestmark = pytest.mark.integration  # trains for real
@@ -20,9 +20,8 @@ EXPERT_LORA = ["lora.target_parameters=[mlp.experts.gate_up_proj, mlp.experts.do
 
 
 def run(root, starve: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in entrypoint_env(root).items() if k != "TOOLKIT_TEST_NO_GRADIENT"}
-    env |= {"TOOLKIT_TEST_NO_GRADIENT": starve} if starve else {}
-    return subprocess.run([sys.executable, str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=600)
+    env = faults.env(entrypoint_env(root), no_gradient=starve)
+    return subprocess.run(faults.command(ENTRYPOINT), env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_parameters_are_grouped_by_what_they_adapt_and_their_layer():
