@@ -21,6 +21,15 @@ from typing import Any
 from ..data import IGNORE_INDEX
 
 LOSS_CHUNK = 2048  # positions per lm_head chunk: 2048 x 201k x 4 bytes = 1.6 GB of transient fp32 logits
+# Compiled flex_attention with a block mask failed to lower (inductor's NoValidChoicesError; torch 2.11 on an H100) at
+# sequence lengths between 64 and 128 that are not a power of two: 100, 103, 127 failed; 16, 64, 128, 129, 200, 256,
+# 357 compiled (bench/flex_short_sequences.py, docs/grpo.md). Under flex every sequence is padded to a multiple of this.
+FLEX_LENGTH_MULTIPLE = 128
+
+
+def flex_length(length: int) -> int:
+    """The length a sequence of `length` tokens is padded to under flex_attention."""
+    return -(-length // FLEX_LENGTH_MULTIPLE) * FLEX_LENGTH_MULTIPLE
 
 
 def pack(lengths: list[int], token_budget: int, seed: int) -> list[list[int]]:
@@ -263,8 +272,12 @@ def pairs_packed(backbone, config) -> Iterator[None]:
             return None  # not a padded batch of token ids: left as it is
         real = real.bool()
         rows = torch.arange(real.shape[0], device=real.device)[:, None].expand_as(real)
-        documents = rows[real][None]
-        kwargs = {**kwargs, "input_ids": ids[real][None], "position_ids": (real.cumsum(1) - 1)[real][None]}
+        documents, ids, positions = rows[real][None], ids[real][None], (real.cumsum(1) - 1)[real][None]
+        if implementation == "flex_attention":  # a padding document (-1, masked off) up to a length flex compiles
+            tail = flex_length(ids.shape[1]) - ids.shape[1]
+            documents = torch.nn.functional.pad(documents, (0, tail), value=-1)
+            ids, positions = (torch.nn.functional.pad(t, (0, tail)) for t in (ids, positions))
+        kwargs = {**kwargs, "input_ids": ids, "position_ids": positions}
         kwargs["attention_mask"] = attention_masks(config, documents, implementation)
         layouts.append(real)
         return args, kwargs
@@ -276,7 +289,7 @@ def pairs_packed(backbone, config) -> Iterator[None]:
         hidden = output.last_hidden_state
         output.last_hidden_state = hidden.new_zeros((*real.shape, hidden.shape[-1])).masked_scatter(
             real[..., None], hidden[0]
-        )
+        )  # the packed row's first tokens, in order: a flex padding tail is left out
         if getattr(output, "router_logits", None) is not None:  # per layer [tokens, experts] -> [rows x width, ...]
             flat = real.reshape(-1, 1)
             output.router_logits = tuple(

@@ -119,7 +119,8 @@ def trainer_args(settings: TrainSettings, paths: Paths):
     import torch
     import trl
 
-    from .model import compute_dtype
+    from ..kernels.packing import FLEX_LENGTH_MULTIPLE
+    from .model import attention_implementation, compute_dtype
 
     t = settings.training
     on_gpu = torch.cuda.is_available()
@@ -139,6 +140,8 @@ def trainer_args(settings: TrainSettings, paths: Paths):
     packed = uses_packing(settings)
     if packed:  # one packed row per micro-batch; our collator and loss; columns the model does not take
         extra.update(remove_unused_columns=False, dataset_kwargs={"skip_prepare_dataset": True})
+    elif attention_implementation(settings.model) == "flex_attention":  # TRL's collators pad to a length flex compiles
+        extra.update(pad_to_multiple_of=FLEX_LENGTH_MULTIPLE)
     method = t.method_record
     config_class: Any = getattr(trl, method.trl_config)
     extra.update(method.config_arguments(t))

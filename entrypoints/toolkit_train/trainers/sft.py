@@ -17,7 +17,7 @@ def prepare(settings: TrainSettings, paths: Any, model: Any, tokenizer: Any, dat
 
     if not settings.training.packing:
         return Built(SFTTrainer, dataset, eval_dataset)
-    from ..kernels.packing import collate, packed_dataset, packed_trainer_class
+    from ..kernels.packing import collate, flex_length, packed_dataset, packed_trainer_class
     from ..run.model import attention_implementation
 
     budget, rows = settings.micro_batch_tokens(), len(dataset)
@@ -26,5 +26,5 @@ def prepare(settings: TrainSettings, paths: Any, model: Any, tokenizer: Any, dat
         eval_dataset = packed_dataset(eval_dataset, budget, settings.training.seed)
     log(f"packed {rows} rows into {len(dataset)} micro-batches of <= {budget} tokens")
     log(batch_semantics(settings, rows, len(dataset)))
-    fixed = budget if attention_implementation(settings.model) == "flex_attention" else None
+    fixed = flex_length(budget) if attention_implementation(settings.model) == "flex_attention" else None
     return Built(packed_trainer_class(), dataset, eval_dataset, {"data_collator": partial(collate, pad_to=fixed)})

@@ -202,3 +202,48 @@ def test_the_load_balancing_loss_is_the_architectures_own(builtin, request, tmp_
         own = model(input_ids=torch.tensor([docs[0]["input_ids"]]), output_router_logits=True).aux_loss
     assert float(own) > 0
     assert (losses[0.5] - losses[0.0]) / 0.5 == pytest.approx(float(own), rel=1e-4)
+
+
+def test_flex_lengths_are_multiples_of_128_never_shorter():
+    from toolkit_train.kernels.packing import flex_length
+
+    assert [flex_length(n) for n in (1, 100, 127, 128, 129, 357)] == [128, 128, 128, 128, 256, 384]
+
+
+def test_dpos_packed_row_under_flex_ends_in_a_masked_padding_document_and_unpacks_as_under_eager(monkeypatch):
+    """DPO's pairs run through the decoder as one packed row (packing.pairs_packed): under flex_attention the row is
+    padded to a length flex compiles, with document id -1 (masked off); what comes back in the padded layout is the
+    same as without the tail. The block mask's compile (13 s on this CPU) is replaced by a recorder: the row's
+    layout is what is tested, not flex."""
+    from types import SimpleNamespace
+
+    from toolkit_train.kernels import packing
+
+    seen: dict = {}
+    monkeypatch.setattr(packing, "_block_mask", lambda documents, span: seen.setdefault("documents", documents))
+
+    class Decoder(torch.nn.Module):  # each token's output: a function of its id and position alone
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None):
+            seen["length"] = input_ids.shape[1]
+            hidden = torch.stack([input_ids.float(), position_ids.float()], dim=-1)
+            return SimpleNamespace(last_hidden_state=hidden, router_logits=(hidden[0] * 2,))
+
+    ids = torch.randint(5, 100, (2, 60))
+    real = torch.ones(2, 60, dtype=torch.long)
+    real[0, 25:] = 0  # two rows of 25 and 60 real tokens: 85 packed
+    outputs = {}
+    for kernel in ("flex_attention", "eager"):
+        config = SimpleNamespace(_attn_implementation=kernel, sliding_window=None, layer_types=None)
+        decoder = Decoder()
+        with packing.pairs_packed(decoder, config):
+            outputs[kernel] = decoder(input_ids=ids, attention_mask=real)
+        if kernel == "flex_attention":
+            assert seen["length"] == 128
+            assert seen["documents"][0, :85].tolist() == [0] * 25 + [1] * 60
+            assert seen["documents"][0, 85:].tolist() == [-1] * 43
+        else:
+            assert seen["length"] == 85
+    flex, eager = outputs["flex_attention"], outputs["eager"]
+    assert torch.equal(flex.last_hidden_state, eager.last_hidden_state)
+    assert torch.equal(flex.router_logits[0], eager.router_logits[0])
+    assert torch.equal(eager.last_hidden_state[0, :25, 0], ids[0, :25].float())  # the real tokens, in place

@@ -54,3 +54,29 @@ def test_packed_experts_compile_their_attention_and_router_not_the_whole_layer(m
     settings = load_config("tiny-gpt-oss-local", overrides).train_settings()
     assert trainer.compile_layers_for_training(object(), settings) == 2
     assert called == [compiles]
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("tiny-gpt-oss-local", ["training.packing=false"]),  # SFT, TRL's collator
+        ("tiny-gpt-oss-dpo", []),  # DPO: TRL pads the pairs (packed ones are padded in packing.pairs_packed)
+        ("tiny-gpt-oss-grpo", []),  # GRPO: TRL pads the prompts before sampling and the replies after
+    ],
+)
+def test_under_flex_attention_every_unpacked_sequence_is_padded_to_a_length_flex_compiles(preset, overrides):
+    """Compiled flex_attention failed to lower at lengths 65-127 off a power of two (torch 2.11, H100: the tiny GRPO
+    preset's learning row could not run with it); `auto` is flex on every GPU. TRL's collators pad to a multiple of
+    packing.FLEX_LENGTH_MULTIPLE under flex, and not at all under eager (no padding computed for nothing)."""
+    import trl
+    from toolkit_train.kernels.packing import FLEX_LENGTH_MULTIPLE
+    from toolkit_train.layout import Paths
+
+    padded = {}
+    for kernel in ("flex_attention", "eager"):
+        settings = load_config(preset, [*overrides, f"model.attn_implementation={kernel}"]).train_settings()
+        config_class = settings.training.method_record.trl_config
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trl, config_class, lambda **kwargs: kwargs)
+            padded[kernel] = trainer.trainer_args(settings, Paths(*[None] * 5)).get("pad_to_multiple_of")  # type: ignore[arg-type]
+    assert padded == {"flex_attention": FLEX_LENGTH_MULTIPLE, "eager": None}
