@@ -41,7 +41,7 @@ class EvalInputError(BadInput):
 class EvalRow:
     place: str  # where the row came from ("multilingual-thinking.jsonl line 7", or "row 3")
     messages: list[dict]  # the prompt: everything before the answer to score
-    reference: str
+    reference: str  # "" where the row has none (the metrics against it do not apply)
     reasoning_language: str | None  # None: not scored (none asked, or a model trained without reasoning)
     reasoning: bool = True  # the model writes reasoning apart from its answer (Config.writes_reasoning)
 
@@ -116,9 +116,12 @@ def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
 
     rows = []
     for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
-        language = asked_language(messages[:-1]) if config.writes_reasoning else None
-        prompt = [{"role": m["role"], "content": m["content"]} for m in messages[:-1]]
-        rows.append(EvalRow(where, prompt, messages[-1]["content"], language, config.writes_reasoning))
+        answered = messages[-1].get("role") == "assistant"  # a GRPO prompt may come without a reference answer
+        asked = messages[:-1] if answered else messages
+        language = asked_language(asked) if config.writes_reasoning else None
+        prompt = [{"role": m["role"], "content": m["content"]} for m in asked]
+        reference = messages[-1]["content"] if answered else ""
+        rows.append(EvalRow(where, prompt, reference, language, config.writes_reasoning))
     return rows[:limit] if limit else rows
 
 

@@ -65,7 +65,8 @@ def _evaluate(cfg: Config, target: str, run: RunRecord | None, scored_run: str |
     from toolkit.deploy.local import model_dir as trained_dir
     from toolkit.evaluate import SERVING, eval_dir, evaluate_endpoints, evaluate_local, scored_model
     from toolkit.evaluate.benchmarks import parse_tasks
-    from toolkit.evaluate.report import GENERATED, build, clear, write
+    from toolkit.evaluate.report import build, clear, generated_scoring, write
+    from toolkit.evaluate.scoring import metrics_asked
 
     pairs = cfg.training.method_record.pairs
     if target == "endpoint":
@@ -73,7 +74,7 @@ def _evaluate(cfg: Config, target: str, run: RunRecord | None, scored_run: str |
         clear(eval_dir(cfg))
         results, scored = evaluate_endpoints(cfg, candidate_endpoint, limit, max_tokens, concurrency, on_row,
                                              on_status)  # fmt: skip
-        report = build(results, baseline=SERVING, scored_model=scored)
+        report = build(results, baseline=SERVING, scored_model=scored, scoring=generated_scoring(metrics_asked(cfg)))
         _judge_by_gate(cfg, report)
         return {**report, "written": write(report, eval_dir(cfg))}
     directory = trained_dir(cfg, model_dir)
@@ -81,7 +82,8 @@ def _evaluate(cfg: Config, target: str, run: RunRecord | None, scored_run: str |
     clear(eval_dir(cfg))
     from toolkit.evaluate import preference  # a DPO run's held-out pairs; an SFT run's rows are generated on
 
-    serve_and_ask, scoring = (preference.evaluate_local, preference.SCORING) if pairs else (evaluate_local, GENERATED)
+    serve_and_ask, scoring = ((preference.evaluate_local, preference.SCORING) if pairs else
+                              (evaluate_local, generated_scoring(metrics_asked(cfg))))  # fmt: skip
     results = serve_and_ask(cfg, directory, limit, max_tokens, concurrency, on_row, on_status, names)
     report = build(results, scored_model=scored_model(cfg, directory, scored_run), scoring=scoring)
     _judge_by_gate(cfg, report)

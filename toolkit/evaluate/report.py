@@ -7,12 +7,13 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolkit.config.metrics import EVAL_METRICS, PREFERENCE_ACCURACY
 from toolkit.evaluate.intervals import bootstrap_interval
-from toolkit.evaluate.scoring import METRICS, format_problems, score
+from toolkit.evaluate.scoring import ALWAYS, Metric, format_problems, score
 
 if TYPE_CHECKING:
     from toolkit_train.layout import RunRecord
@@ -38,7 +39,13 @@ def _generated_sample(g: Any) -> dict[str, Any]:
     return {"reasoning": g.reasoning[:300], "answer": g.content[:300]}
 
 
-GENERATED = Scoring({m.name: m.describes for m in METRICS}, score, _generated_sample, format_problems)
+def generated_scoring(metrics: tuple[Metric, ...] = ALWAYS) -> Scoring:
+    """Generated replies scored on these metrics (scoring.metrics_asked: a config's)."""
+    return Scoring({m.name: m.describes for m in metrics}, partial(score, metrics=metrics), _generated_sample,
+                   format_problems)  # fmt: skip
+
+
+GENERATED = generated_scoring()
 
 
 def build(

@@ -1,6 +1,7 @@
 """Per-row scores of a generated reply (0..1, higher is better; None where a metric does not apply to the row).
 
-One table, METRICS: the report, the gate and the tests read it (a new metric is one row here).
+One table, METRICS: the report, the gate and the tests read it (a new metric is one row here); metrics_asked picks a
+config's (exact_match and regex_match only where it asks for them).
 """
 
 from __future__ import annotations
@@ -12,7 +13,14 @@ from typing import Any
 
 from toolkit_train.methods.rewards import runaway
 
-from toolkit.config.metrics import EVAL_METRICS, FORMAT_VALID, PREFERENCE_ACCURACY
+from toolkit.config.metrics import (
+    EVAL_METRICS,
+    EXACT_MATCH,
+    FORMAT_VALID,
+    ON_REQUEST_METRICS,
+    PREFERENCE_ACCURACY,
+    REGEX_MATCH,
+)
 from toolkit.deploy.client import reply_problems
 
 
@@ -24,13 +32,37 @@ def _rouge():
 
 
 def rouge_l(generated: Any) -> float | None:
+    if not generated.row.reference:
+        return None  # a prompt without a reference answer (a GRPO row may have none)
     return _rouge().score(generated.row.reference, generated.content)["rougeL"].fmeasure
 
 
 def chrf(generated: Any) -> float | None:
     from sacrebleu.metrics import CHRF
 
+    if not generated.row.reference:
+        return None
     return CHRF().sentence_score(generated.content, [generated.row.reference]).score / 100
+
+
+def _as_reply(generated: Any) -> Any:
+    from toolkit_train.methods.rewards import Reply
+
+    return Reply(generated.reasoning, generated.content, finished=generated.finish_reason == "stop")
+
+
+def exact_match(generated: Any) -> float | None:
+    """GRPO's exact_match reward on a served reply (the same function)."""
+    from toolkit_train.methods import rewards
+
+    return rewards.exact_match(_as_reply(generated), generated.row.reference or None)
+
+
+def regex_match(generated: Any) -> float | None:
+    """GRPO's regex_match reward on a served reply (the same function)."""
+    from toolkit_train.methods import rewards
+
+    return rewards.regex_match(_as_reply(generated), generated.row.reference or None)
 
 
 def reasoning_language(generated: Any) -> float | None:
@@ -63,7 +95,8 @@ class Metric:
     describes: str
 
 
-SCORERS = {"rougeL": rouge_l, "chrF": chrf, "reasoning_language": reasoning_language, FORMAT_VALID: format_valid}
+SCORERS = {"rougeL": rouge_l, "chrF": chrf, "reasoning_language": reasoning_language, FORMAT_VALID: format_valid,
+           EXACT_MATCH: exact_match, REGEX_MATCH: regex_match}  # fmt: skip
 # The config's vocabulary and the scorers are one table in two halves: these score generated replies (a supervised
 # fine-tune's held-out rows); preference_accuracy scores a preference-tuned run's held-out pairs
 # (toolkit/evaluate/preference.py), whose replies are scored by likelihood, not generated.
@@ -72,11 +105,21 @@ if set(SCORERS) != set(EVAL_METRICS) - PAIR_METRICS:
     raise ImportError(f"scorers {sorted(SCORERS)} differ from the report's metrics {sorted(EVAL_METRICS)}")
 METRICS = tuple(Metric(name, SCORERS[name], describes) for name, describes in EVAL_METRICS.items()
                 if name in SCORERS)  # fmt: skip
-METRIC_NAMES = tuple(m.name for m in METRICS)  # a generated reply's (a DPO run's pairs: preference.DESCRIBES)
+ALWAYS = tuple(m for m in METRICS if m.name not in ON_REQUEST_METRICS)
+METRIC_NAMES = tuple(m.name for m in ALWAYS)  # every generated report's (a DPO run's pairs: preference.DESCRIBES)
 
 
-def score(generated: Any) -> dict[str, float | None]:
-    """Every metric of one generated row; a row that failed to generate scores None everywhere (counted apart)."""
+def metrics_asked(config: Any) -> tuple[Metric, ...]:
+    """A config's report metrics: every one scored always, and those scored on request that it asks for: a GRPO
+    reward of that name (the eval scores what the run was rewarded for) or registry.gate.metric."""
+    asked = {reward.name for reward in config.training.grpo.rewards} if config.training.method_record.samples else set()
+    if config.registry.gate is not None:
+        asked.add(config.registry.gate.metric)
+    return tuple(m for m in METRICS if m.name not in ON_REQUEST_METRICS or m.name in asked)
+
+
+def score(generated: Any, metrics: tuple[Metric, ...] = ALWAYS) -> dict[str, float | None]:
+    """These metrics of one generated row; a row that failed to generate scores None everywhere (counted apart)."""
     if generated.error is not None:
-        return dict.fromkeys(METRIC_NAMES)
-    return {m.name: m.score(generated) for m in METRICS}
+        return dict.fromkeys(m.name for m in metrics)
+    return {m.name: m.score(generated) for m in metrics}
