@@ -1,7 +1,8 @@
 """The main job's margin across training seeds (#71: the demo's checks should hold on any seed, not on its own):
 for each seed, the README's main job as scripts/demo.sh runs it (`toolkit train tiny-gpt-oss-local` with the demo's
-held-out rows, then `toolkit eval` with its gate), with `--set training.seed=N` and any other --set, each seed in a
-run directory of its own; then the demo's checks (scripts/main_job_check.py) on each eval report.
+held-out rows, then `toolkit eval` with its gate), with `--set training.seed=N` and any other --set, each seed a run
+of its own (main-job-seed-N, under a temporary folder); then the demo's checks (scripts/main_job_check.py) on each
+eval report.
 
   python bench/main_job_seeds.py --seeds 42,1,2 [--set training.learning_rate=6e-4 ...] [--tag _lr6e-4]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,9 +28,11 @@ HELD_OUT = ["--set", "data.eval.fraction=0.25", "--set", "data.eval.steps=10"]  
 GATE = ["--set", "registry.gate.metric=reasoning_language", "--set", "registry.gate.require_ci=true"]  # = its gate
 
 
-def toolkit(*args: str) -> subprocess.CompletedProcess:
+def toolkit(work: Path, *args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "toolkit.cli", *args]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    serve = os.environ.get("TOOLKIT_SERVE_PYTHON") or str(REPO / ".venv-serve" / "bin" / "python")  # the demo's
+    env = dict(os.environ, TOOLKIT_SERVE_PYTHON=serve)
+    result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     if result.returncode not in (0, 1):  # 1: the gate refused (eval), reported as a failed check below
         output = result.stdout[-2000:] + result.stderr[-2000:]
         raise RuntimeError(f"{' '.join(args)}: exit {result.returncode}\n{output}")
@@ -36,16 +40,17 @@ def toolkit(*args: str) -> subprocess.CompletedProcess:
 
 
 def one_seed(seed: int, overrides: list[str], work: Path) -> dict:
-    sets = [*HELD_OUT, "--set", f"training.seed={seed}", "--set", f"local.output_dir={work / f'seed-{seed}'}"]
+    name = f"main-job-seed-{seed}"  # its run and eval report under work/runs/<name>/
+    sets = [*HELD_OUT, "--set", f"training.seed={seed}", "--set", f"name={name}"]
     for override in overrides:
         sets += ["--set", override]
     started = time.monotonic()
-    trained = toolkit("train", PRESET, *sets, "--fresh")
+    trained = toolkit(work, "train", PRESET, *sets, "--fresh")
     if trained.returncode != 0:
         raise RuntimeError(f"seed {seed}: training failed\n{trained.stdout[-3000:]}{trained.stderr[-3000:]}")
     train_s = time.monotonic() - started
-    toolkit("eval", PRESET, *sets, *GATE, "--max-tokens", "128")
-    metrics = json.loads((work / f"seed-{seed}" / "eval" / "report.json").read_text())
+    toolkit(work, "eval", PRESET, *sets, *GATE, "--max-tokens", "128")
+    metrics = json.loads((work / "runs" / name / "eval" / "report.json").read_text())
     m = metrics["metrics"]
     return {
         "seed": seed,

@@ -70,3 +70,12 @@ def test_a_prompt_without_a_reference_is_asked_whole_and_scored_where_it_can_be(
     report = build(results, scoring=scoring)
     assert report["metrics"]["exact_match"]["rows"] == 0  # nothing to match against: no row scored
     assert report["metrics"]["format_valid"]["rows"] == 2
+
+
+def test_a_users_reward_is_named_as_not_scored_by_the_eval():
+    from toolkit.evaluate.flow import unscored_rewards
+
+    rewards = "training.grpo.rewards=[{name: format_valid}, {name: 'short.py:brevity'}]"
+    assert unscored_rewards(load_config("tiny-gpt-oss-grpo", [rewards])) == ["short.py:brevity"]
+    assert unscored_rewards(load_config("tiny-gpt-oss-grpo", [])) == []
+    assert unscored_rewards(load_config("tiny-gpt-oss-local", [])) == []  # SFT: no rewards

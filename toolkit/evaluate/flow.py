@@ -49,6 +49,9 @@ def evaluate(
         if note and on_status:
             on_status(note)
     require_held_out(cfg)
+    if on_status and (unscored := unscored_rewards(cfg)):
+        on_status(f"training.grpo.rewards {', '.join(unscored)}: toolkit eval does not score a user's reward (not "
+                  "built); the report has the built-in metrics")  # fmt: skip
     if target == "endpoint" and not candidate_endpoint:
         raise EvalInputError("--target endpoint: name the endpoint serving the candidate (--candidate-endpoint)")
     if target not in ("local", "endpoint"):
@@ -89,6 +92,15 @@ def _evaluate(cfg: Config, target: str, run: RunRecord | None, scored_run: str |
     _judge_by_gate(cfg, report)
     written = write(report, eval_dir(cfg), run)  # adds the run's validation loss to the report
     return {**report, "written": written}
+
+
+def unscored_rewards(cfg: Config) -> list[str]:
+    """A GRPO config's user rewards (`file.py:function`): the eval scores the built-in ones, not these."""
+    from toolkit_train.methods.rewards import BUILTIN_REWARDS
+
+    if not cfg.training.method_record.samples:
+        return []
+    return [reward.name for reward in cfg.training.grpo.rewards if reward.name not in BUILTIN_REWARDS]
 
 
 def _fetched_run(cfg: Config, on_status: Callable[[str], None] | None) -> tuple[str, Path]:
