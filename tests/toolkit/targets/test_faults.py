@@ -199,7 +199,7 @@ def _cli(root: Path, *extra: str, slow_save: int | None = None, background: bool
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env=dict(os.environ, CI="1", **env),
+        env={**os.environ, **env, "CI": "1"},  # env: the fault Python's (the whole environment) or nothing
         preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
 
