@@ -238,14 +238,20 @@ def _prompt_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
     return [*messages, *answer]
 
 
+def prompt_and_reference(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """A conversation split into the prompt and the reference answer closing it (None where it ends before the
+    assistant's turn): what GRPO samples from and what `toolkit eval` asks."""
+    if messages and messages[-1].get("role") == "assistant":
+        return messages[:-1], messages[-1]["content"]
+    return messages, None
+
+
 def to_prompt(row: dict[str, Any], default_effort: str = "medium") -> dict[str, Any]:
     """A `prompts` row checked as a request: {conversation (normalized, ending before the assistant's turn), answer
     (the reference or None), reasoning_language (what the prompt asks, or None)}."""
     from .methods.rewards import asked_language
 
-    messages = to_messages(row, "prompts")
-    answer = messages[-1]["content"] if messages[-1].get("role") == "assistant" else None
-    prompt = messages[:-1] if answer is not None else messages
+    prompt, answer = prompt_and_reference(to_messages(row, "prompts"))
     _tool_schemas(row)
     _field_types(prompt)
     conversation = harmony.normalize(row, prompt, default_effort, complete=False)

@@ -111,17 +111,15 @@ def held_out(config: Config, read: Callable[[dict], Any]) -> list[tuple[str, Any
 
 def eval_rows(config: Config, limit: int | None = None) -> list[EvalRow]:
     """The rows data.eval holds out, as prompts with their reference answers."""
-    from toolkit_train.data import to_messages
+    from toolkit_train.data import prompt_and_reference, to_messages
     from toolkit_train.methods.rewards import asked_language
 
     rows = []
     for where, messages in held_out(config, lambda row: to_messages(row, config.data.format)):
-        answered = messages[-1].get("role") == "assistant"  # a GRPO prompt may come without a reference answer
-        asked = messages[:-1] if answered else messages
+        asked, reference = prompt_and_reference(messages)  # a GRPO prompt may come without a reference answer
         language = asked_language(asked) if config.writes_reasoning else None
         prompt = [{"role": m["role"], "content": m["content"]} for m in asked]
-        reference = messages[-1]["content"] if answered else ""
-        rows.append(EvalRow(where, prompt, reference, language, config.writes_reasoning))
+        rows.append(EvalRow(where, prompt, reference or "", language, config.writes_reasoning))
     return rows[:limit] if limit else rows
 
 

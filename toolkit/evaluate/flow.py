@@ -98,9 +98,9 @@ def unscored_rewards(cfg: Config) -> list[str]:
     """A GRPO config's user rewards (`file.py:function`): the eval scores the built-in ones, not these."""
     from toolkit_train.methods.rewards import BUILTIN_REWARDS
 
-    if not cfg.training.method_record.samples:
-        return []
-    return [reward.name for reward in cfg.training.grpo.rewards if reward.name not in BUILTIN_REWARDS]
+    from toolkit.evaluate.scoring import rewarded
+
+    return [name for name in rewarded(cfg) if name not in BUILTIN_REWARDS]
 
 
 def _fetched_run(cfg: Config, on_status: Callable[[str], None] | None) -> tuple[str, Path]:

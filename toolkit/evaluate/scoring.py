@@ -109,10 +109,15 @@ ALWAYS = tuple(m for m in METRICS if m.name not in ON_REQUEST_METRICS)
 METRIC_NAMES = tuple(m.name for m in ALWAYS)  # every generated report's (a DPO run's pairs: preference.DESCRIBES)
 
 
+def rewarded(config: Any) -> list[str]:
+    """The rewards a config trains with (training.grpo.rewards' names; none for a method that samples nothing)."""
+    return [reward.name for reward in config.training.grpo.rewards] if config.training.method_record.samples else []
+
+
 def metrics_asked(config: Any) -> tuple[Metric, ...]:
     """A config's report metrics: every one scored always, and those scored on request that it asks for: a GRPO
     reward of that name (the eval scores what the run was rewarded for) or registry.gate.metric."""
-    asked = {reward.name for reward in config.training.grpo.rewards} if config.training.method_record.samples else set()
+    asked = set(rewarded(config))
     if config.registry.gate is not None:
         asked.add(config.registry.gate.metric)
     return tuple(m for m in METRICS if m.name not in ON_REQUEST_METRICS or m.name in asked)
