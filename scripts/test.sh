@@ -56,7 +56,7 @@ if [ -z "${SKIP_DEMO:-}" ]; then
   grep -qE "^\| rougeL \| [0-9]+ \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   grep -qE "^\| validation loss \(lower is better\) \| [0-9]+ \| [0-9.]+ \| [0-9.]+ \|" .demo.log
   grep -qE "^registry.gate: gate passed: reasoning_language" .demo.log
-  # what the fine-tune is for, learned on rows neither model saw (the skill above the base, the answers no worse)
+  # what the fine-tune is for, learned on rows neither model saw (the skill above the base); its cost printed beside it
   "$VENV/bin/python" scripts/main_job_check.py runs/tiny-gpt-oss-local/eval/report.json
   # the README's table is the recorded run docs/results/main-job.json (tests/test_docs_results.py): say whether this
   # machine reproduced it (the bases and the date are pinned; another CPU's arithmetic may still differ)

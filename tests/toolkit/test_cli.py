@@ -118,7 +118,7 @@ def test_dry_run_local_launches_nothing(tmp_path):
     result = runner.invoke(app, ["train", "tiny-gpt-oss-local", "--dry-run", "--set", f"local.output_dir={out_dir}"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
-    assert plan["hyperparameters"]["lora.r"] == "8"
+    assert plan["hyperparameters"]["lora.r"] == str(load_config("tiny-gpt-oss-local").lora.r)  # the preset's
     assert not out_dir.exists()
 
 

@@ -79,7 +79,7 @@ def test_submit_creates_the_job_the_config_describes(aws_env, monkeypatch):
     assert d["CheckpointConfig"]["LocalPath"] == "/opt/ml/checkpoints"
     channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"] for c in d["InputDataConfig"]}
     assert {"train", "code", "sm_drivers"} <= set(channels)
-    assert d["HyperParameters"]["lora.r"] == "8" and d["HyperParameters"]["training.packing"] == "true"
+    assert d["HyperParameters"]["lora.r"] == str(cfg.lora.r) and d["HyperParameters"]["training.packing"] == "true"
     assert_valid("sagemaker", "CreateTrainingJob", sent)  # what AWS itself accepts, not only the emulator
     assert sent["OutputDataConfig"]["CompressionType"] == "NONE"  # the model lands uncompressed (40-240 GB merged)
     metrics = sent["AlgorithmSpecification"]["MetricDefinitions"]
