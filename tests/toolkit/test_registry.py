@@ -27,7 +27,7 @@ def test_register_records_the_latest_job_once_and_approval_is_applied_on_rerun(a
     assert container["ModelDataSource"]["S3DataSource"]["S3Uri"] == model_data
     metadata = package["CustomerMetadataProperties"]
     assert metadata["training_job"] == "tiny-gpt-oss-local-20261130120000"
-    assert metadata["base_model"] == "builtin:tiny-gpt-oss" and metadata["lora"] == "r=8 alpha=16"
+    assert metadata["base_model"] == "builtin:tiny-gpt-oss" and metadata["lora"] == "r=12 alpha=24"  # the preset's LoRA
 
     again = sdk.register(cfg, image_uri=IMAGE, approve=True)
     assert not again.created and again.arn == first.arn and again.status == "Approved"

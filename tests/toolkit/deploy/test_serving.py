@@ -28,6 +28,12 @@ from toolkit.deploy.local import LocalServer, serving_python
 pytestmark = pytest.mark.integration
 # one of the bundled sample's questions: the tiny model answers it in harmony (reasoning in French, answer in German)
 QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
+ANSWER_STOP_QUESTIONS = (
+    "Was ist die Hauptstadt von Australien?",
+    "Is a tomato a fruit or a vegetable?",
+    "Wie viele Bundesländer hat Deutschland?",
+    "¿Cuántos continentes hay en el mundo?",
+)
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +123,8 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_in_reasoning_or_
     cfg, _ = trained
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
 
-    def ask(**extra):
-        reply = client.chat.completions.create(model=cfg.name, messages=QUESTION, max_tokens=96, temperature=0,
+    def ask(messages=QUESTION, **extra):
+        reply = client.chat.completions.create(model=cfg.name, messages=messages, max_tokens=96, temperature=0,
                                                **extra).choices[0]  # fmt: skip
         return reply, reply.message.model_dump()
 
@@ -133,8 +139,17 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_in_reasoning_or_
     assert (stopped.finish_reason, stopped.model_extra.get("stop_reason")) == ("stop", in_reasoning)
     assert message["reasoning"] == reasoning[: reasoning.index(in_reasoning) + len(in_reasoning)]
     assert not message["content"]
-    in_answer = next(word.strip(".,") for word in answer.split() if word.strip(".,") not in reasoning)
-    stopped, message = ask(stop=[in_answer])
+    # a word of the answer that the reasoning does not hold: the tiny model's answer may only repeat its reasoning's
+    # words (the r12 main job's reply to QUESTION does), so the first of these questions whose reply has one
+    for question in (QUESTION, *(messages_for(q, reasoning_language="French") for q in ANSWER_STOP_QUESTIONS)):
+        _, free = ask(question)
+        reasoning, answer = free["reasoning"] or "", free["content"] or ""
+        words = [w.strip(".,") for w in answer.split()]
+        in_answer = next((w for w in words if w and w not in reasoning), None)
+        if reasoning and in_answer:
+            break
+    assert in_answer, "no question's reply has an answer word outside its reasoning"
+    stopped, message = ask(question, stop=[in_answer])
     assert stopped.finish_reason == "stop" and message["reasoning"] == reasoning
     assert message["content"] == answer[: answer.index(in_answer) + len(in_answer)]
 
