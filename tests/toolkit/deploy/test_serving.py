@@ -26,7 +26,7 @@ from toolkit.deploy.client import ChatClient, deltas_from, messages_for, reply_p
 from toolkit.deploy.local import LocalServer, serving_python
 
 pytestmark = pytest.mark.integration
-# one of the bundled sample's questions: the tiny model answers it in harmony (reasoning in French, answer in German)
+# one of the bundled sample's questions, with French named as the reasoning language: the tiny model answers in harmony
 QUESTION = messages_for("Wie viele Minuten hat ein Tag?", reasoning_language="French")
 ANSWER_STOP_QUESTIONS = (
     "Was ist die Hauptstadt von Australien?",
@@ -141,13 +141,15 @@ def test_a_stop_sequence_ends_the_reply_at_its_first_occurrence_in_reasoning_or_
     assert not message["content"]
     # a word of the answer that the reasoning does not hold: the tiny model's answer may only repeat its reasoning's
     # words (the r12 main job's reply to QUESTION does), so the first of these questions whose reply has one
-    for question in (QUESTION, *(messages_for(q, reasoning_language="French") for q in ANSWER_STOP_QUESTIONS)):
-        _, free = ask(question)
+    others = (messages_for(q, reasoning_language="French") for q in ANSWER_STOP_QUESTIONS)
+    question = QUESTION  # its reply is `free`, asked above
+    while True:
         reasoning, answer = free["reasoning"] or "", free["content"] or ""
         words = [w.strip(".,") for w in answer.split()]
         in_answer = next((w for w in words if w and w not in reasoning), None)
-        if reasoning and in_answer:
+        if (reasoning and in_answer) or (question := next(others, None)) is None:
             break
+        _, free = ask(question)
     assert in_answer, "no question's reply has an answer word outside its reasoning"
     stopped, message = ask(question, stop=[in_answer])
     assert stopped.finish_reason == "stop" and message["reasoning"] == reasoning
